@@ -1,0 +1,55 @@
+# The CPU wheel of torch that lies on these machines; override with e.g. `make install TORCH=torch`.
+TORCH ?= torch==2.13.0
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TF := $(BIN)/tf
+
+CONFIG ?= configs/small.yaml
+RUN ?= runs/$(basename $(notdir $(CONFIG)))
+SRC ?= ../shared/corpora/bible-es-en/test.es
+REF ?= ../shared/corpora/bible-es-en/test.en
+BEAM ?= 5
+
+.PHONY: install test lint demo tokenizer train translate eval bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[test,plot]"
+	touch $@
+
+test: install
+	$(BIN)/python -m pytest tests
+
+lint: install
+	$(BIN)/ruff check cli model data tests benchmarks
+	$(BIN)/ruff format --check cli model data tests benchmarks
+
+# A few minutes on a laptop CPU: train `small` on the embedded Spanish-English corpus,
+# translate a few sentences, score the bundled test set.
+demo: install
+	$(TF) train configs/small.yaml --out runs/demo --set train.max_time=240 --set train.eval_every=0 --force
+	head -n 5 data/corpora/bible-es-en/test.es | $(TF) translate runs/demo --beam 4
+	$(TF) eval runs/demo --src data/corpora/bible-es-en/test.es --ref data/corpora/bible-es-en/test.en --beam 4 --limit 200
+
+tokenizer: install
+	$(TF) tokenizer train $(CONFIG) --out $(RUN)/tokenizer
+
+train: install
+	$(TF) train $(CONFIG) --out $(RUN)
+
+translate: install
+	$(TF) translate $(RUN) -i $(SRC) -o $(RUN)/translation.txt --beam $(BEAM)
+
+eval: install
+	$(TF) eval $(RUN) --src $(SRC) --ref $(REF) --beam $(BEAM) --json | tee $(RUN)/eval.json
+
+bench: install
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,145 @@
+"""The run directory and its checkpoints.
+
+    RUN/config.yaml          the resolved config
+    RUN/tokenizer/           the SentencePiece model(s)
+    RUN/metrics.jsonl        one JSON object per log line / validation
+    RUN/checkpoints/last.pt, best.pt, step_N.pt
+
+A checkpoint is a plain dict of tensors and Python values, loadable with
+`torch.load(path, weights_only=True)`: no code is ever unpickled from a file. It is written
+atomically (temporary file, flush, fsync, rename, fsync of the folder), so a kill at any instant
+leaves the previous checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cli.config import Config, ConfigError, from_dict
+from data.tokenizer import Tokenizer
+from model.transformer import Transformer
+
+FORMAT = "tf-checkpoint-1"
+
+
+class CheckpointError(Exception):
+    """A missing, truncated or foreign checkpoint; `str()` is one line for the user."""
+
+
+@dataclass
+class RunDir:
+    path: Path
+
+    @property
+    def config(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.path / "tokenizer"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def step_checkpoints(self) -> list[Path]:
+        """`step_N.pt` files, oldest first."""
+        found = [
+            (int(m.group(1)), p)
+            for p in self.checkpoints.glob("step_*.pt")
+            if (m := re.fullmatch(r"step_(\d+)\.pt", p.name))
+        ]
+        return [p for _, p in sorted(found)]
+
+
+def save_atomic(obj: dict[str, Any], path: Path) -> None:
+    """Write `obj` with torch.save so that `path` is either the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint dict safely, with one-line errors for the ways it can be wrong."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises many types for truncated or foreign files
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: not a readable tf checkpoint ({reason[:120]})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a tf checkpoint (no '{FORMAT}' format tag)")
+    return ckpt
+
+
+def resolve_checkpoint(run_or_checkpoint: str | Path) -> tuple[Path, RunDir]:
+    """Map RUN (best.pt, else last.pt) or RUN/checkpoints/FILE.pt to (checkpoint, run dir)."""
+    p = Path(run_or_checkpoint)
+    if p.is_dir():
+        run = RunDir(p)
+        for name in ("best.pt", "last.pt"):
+            if (run.checkpoints / name).is_file():
+                return run.checkpoints / name, run
+        raise CheckpointError(f"{p}: no checkpoints/best.pt or checkpoints/last.pt in this run")
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such run directory or checkpoint")
+    # A checkpoint inside RUN/checkpoints/, or beside a tokenizer/ folder.
+    run = RunDir(p.parent.parent if p.parent.name == "checkpoints" else p.parent)
+    return p, run
+
+
+def config_from_checkpoint(ckpt: dict[str, Any], path: Path) -> Config:
+    try:
+        return from_dict(Config, ckpt["config"], str(path))
+    except (KeyError, ConfigError) as e:
+        raise CheckpointError(f"{path}: checkpoint config unreadable ({e})") from None
+
+
+def build_model(config: Config, tokenizer: Tokenizer) -> Transformer:
+    return Transformer(
+        config.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id
+    )
+
+
+def load_for_inference(
+    run_or_checkpoint: str | Path, device: torch.device
+) -> tuple[Transformer, Tokenizer, Config]:
+    """The model in eval mode, its tokenizer (checked against the checkpoint) and its config."""
+    path, run = resolve_checkpoint(run_or_checkpoint)
+    ckpt = load_checkpoint(path)
+    config = config_from_checkpoint(ckpt, path)
+    tokenizer = Tokenizer.load(run.tokenizer)
+    if ckpt.get("tokenizer_digest") not in (None, tokenizer.digest()):
+        raise CheckpointError(f"{path}: was trained with another tokenizer than {run.tokenizer}")
+    model = build_model(config, tokenizer)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except (KeyError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0]
+        raise CheckpointError(f"{path}: weights do not fit the model ({first[:120]})") from None
+    return model.to(device).eval(), tokenizer, config

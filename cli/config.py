@@ -1,0 +1,243 @@
+"""The one typed configuration tree: every default of `tf` lives here (and in `ModelConfig`).
+
+A YAML file names only what differs from the defaults. Loading is strict: an unknown key or a
+value of the wrong type is a `ConfigError` naming the dotted key and the nearest valid one.
+`--set section.key=value` overrides are parsed with `yaml.safe_load`, then checked the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from model.transformer import ModelConfig
+
+
+class ConfigError(Exception):
+    """A bad config file, key or value; `str()` is one line for the user."""
+
+
+@dataclass
+class DataConfig:
+    train: str = (
+        "bundled:bible-es-en/train"  # corpus spec: PREFIX, .tsv, .jsonl, hf:NAME[:CFG][@SPLIT]
+    )
+    dev: str = "bundled:bible-es-en/dev"
+    test: str = "bundled:bible-es-en/test"
+    src_lang: str = "es"
+    tgt_lang: str = "en"
+    vocab_size: int = 8000
+    tokenizer_type: Literal["bpe", "unigram"] = "bpe"
+    joint_vocab: bool = True  # one SentencePiece model for both sides (needed for full tying)
+    character_coverage: float = 1.0
+    max_len: int = 256  # pairs with a side longer than this many pieces are dropped
+    max_len_ratio: float = (
+        3.0  # pairs whose longer side is more than this times the other are dropped
+    )
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 1
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    compile: bool = False  # torch.compile the model
+    deterministic: bool = False  # torch.use_deterministic_algorithms, for bit-exact resume tests
+    # Batches: a token budget counted with padding, accumulated over update_freq batches per update.
+    max_tokens: int = 4096
+    max_sentences: int = 1024
+    update_freq: int = 1
+    # Stopping: whichever comes first; 0 disables a limit.
+    max_steps: int = 100_000
+    max_epochs: int = 0
+    max_time: float = 0.0  # seconds of wall time
+    # Optimiser: Adam(0.9, 0.98, eps 1e-9) as in the paper, section 5.3.
+    lr: float = 1.0  # noam: a multiplier of d_model^-0.5 * min(...); inverse_sqrt: the peak
+    schedule: Literal["noam", "inverse_sqrt"] = "noam"
+    warmup_steps: int = 4000
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0  # 0 disables gradient clipping
+    label_smoothing: float = 0.1
+    max_bad_steps: int = 5  # stop after this many non-finite losses in a row
+    # Logging, validation, checkpoints (in updates).
+    log_every: int = 100
+    eval_every: int = 1000  # 0: validate only at the end
+    eval_bleu_sentences: int = 500  # dev sentences decoded greedily for BLEU/chrF; 0: all
+    early_stop_metric: Literal["bleu", "chrf", "loss"] = "bleu"
+    patience: int = 0  # validations without improvement before stopping; 0 disables
+    save_every: int = 1000
+    keep_last: int = 5  # step_N.pt files kept
+
+
+@dataclass
+class DecodeConfig:
+    beam_size: int = 4  # paper, section 6.1
+    length_penalty: float = 0.6  # GNMT's alpha in ((5 + len) / 6) ** alpha
+    max_len_a: float = 1.0  # output length limit: a * src_len + b (paper: src_len + 50)
+    max_len_b: int = 50
+    min_len: int = 0
+    nbest: int = 1
+    no_repeat_ngram_size: int = 0
+    max_tokens: int = 4096  # source tokens per translation batch, padding counted
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Read a YAML config (None: all defaults), apply `section.key=value` overrides, check it all.
+
+    A bare name such as `small` that is no file resolves to the config shipped with `tf`.
+    """
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        path = resolve_config_path(path)
+        source = str(path)
+        raw = read_yaml(path)
+    for item in overrides:
+        apply_override(raw, item)
+    return from_dict(Config, raw, source)
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """A config file, or the shipped `configs/NAME.yaml` for a bare name like `small`."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    shipped = Path(str(resources.files("configs") / f"{p.stem}.yaml"))
+    if p.suffix in ("", ".yaml") and p.parent.name in ("", "configs") and shipped.is_file():
+        return shipped
+    raise ConfigError(f"{path}: no such config file")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+        raw = yaml.safe_load(text)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 ({e.reason})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Set `a.b=c` in a nested dict; the value is parsed as YAML (`3e-4`, `true`, `[1, 2]`)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item}: expected section.key=value")
+    node = raw
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {item}: {part} is not a section")
+    try:
+        node[parts[-1]] = yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise ConfigError(f"--set {item}: the value is not valid YAML") from None
+
+
+def from_dict(cls: type, raw: Any, source: str, prefix: str = "") -> Any:
+    """Build dataclass `cls` from `raw`, rejecting unknown keys and wrongly typed values."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: {prefix.rstrip('.') or 'config'} must be a mapping")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"{source}: unknown key '{dotted}'{suggest(key, names, prefix)}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            values[key] = from_dict(hint, value, source, f"{dotted}.")
+        else:
+            values[key] = check_type(value, hint, dotted, source)
+    return cls(**values)
+
+
+def suggest(key: str, names: list[str], prefix: str) -> str:
+    near = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+    return f" (did you mean '{prefix}{near[0]}'?)" if near else f" (valid: {', '.join(names)})"
+
+
+def check_type(value: Any, hint: Any, dotted: str, source: str) -> Any:
+    """Return `value` if it fits `hint` (ints are accepted for floats), else raise ConfigError."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        if value in typing.get_args(hint):
+            return value
+        choices = ", ".join(repr(a) for a in typing.get_args(hint))
+        raise ConfigError(f"{source}: {dotted} must be one of {choices}, got {value!r}")
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(hint):
+            try:
+                return check_type(value, arg, dotted, source)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{source}: {dotted} has the wrong type: got {value!r}")
+    if origin is list:
+        (item_hint,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{source}: {dotted} must be a list, got {value!r}")
+        return [check_type(v, item_hint, f"{dotted}[{i}]", source) for i, v in enumerate(value)]
+    if hint is type(None) and value is None:
+        return None
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is float and isinstance(value, str):
+        # PyYAML follows YAML 1.1, where `3e-4` (no dot) is a string, not a float.
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if (
+        isinstance(hint, type)
+        and isinstance(value, hint)
+        and not (isinstance(value, bool) and hint is not bool)
+    ):
+        return value
+    name = getattr(hint, "__name__", str(hint))
+    raise ConfigError(f"{source}: {dotted} must be {name}, got {value!r}")
+
+
+def save_config(config: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two config dicts, as 'key: old -> new' lines."""
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            lines += config_diff(a, b, f"{prefix}{key}.")
+        elif a != b:
+            lines.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return lines

@@ -1,0 +1,82 @@
+"""The little `tf train` needs from `torch.distributed` when launched by `torchrun`.
+
+torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without them training runs as one process and
+every helper here is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        """Only the main process writes checkpoints, metrics and the progress bar."""
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+
+def init(device_name: str) -> tuple[Dist, torch.device]:
+    """Join the process group torchrun described (NCCL on GPUs, Gloo on CPUs), pick the device."""
+    from cli.translate import pick_device
+
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return Dist(), pick_device(device_name)
+    d = Dist(
+        int(os.environ["RANK"]),
+        int(os.environ["WORLD_SIZE"]),
+        int(os.environ.get("LOCAL_RANK", "0")),
+    )
+    device = pick_device(device_name)
+    if device.type == "cuda":
+        device = torch.device("cuda", d.local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return d, device
+
+
+def shutdown(d: Dist) -> None:
+    if d.active and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def sum_over_ranks(d: Dist, value: float, device: torch.device) -> float:
+    if not d.active:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def any_rank(d: Dist, flag: bool, device: torch.device) -> bool:
+    """True on every rank if `flag` is true on any: all ranks stop together."""
+    return sum_over_ranks(d, float(flag), device) > 0
+
+
+def gather_to_main(d: Dist, obj: Any) -> list[Any] | None:
+    """Each rank's `obj`, in rank order, on the main process (None elsewhere)."""
+    if not d.active:
+        return [obj]
+    out = [None] * d.world_size if d.main else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def barrier(d: Dist) -> None:
+    if d.active:
+        dist.barrier()

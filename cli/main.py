@@ -1,0 +1,176 @@
+"""The `tf` command line: a thin Typer layer over the plain functions in `cli/`."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(
+    help="Train, run and score Transformer translation models.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+tokenizer_app = typer.Typer(help="SentencePiece tokenizers.", no_args_is_help=True)
+app.add_typer(tokenizer_app, name="tokenizer")
+
+SetOption = Annotated[
+    Optional[list[str]],  # noqa: UP045 - typer reads the annotation at run time
+    typer.Option("--set", help="Override a config value: section.key=value (repeatable)."),
+]
+
+
+def user_errors(fn):
+    """Print expected failures as one line on stderr and exit 2, without a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from cli.checkpoint import CheckpointError
+        from cli.config import ConfigError
+        from cli.train import TrainingError
+        from data.errors import InputError
+
+        try:
+            return fn(*args, **kwargs)
+        except (InputError, ConfigError, CheckpointError, TrainingError) as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+        except BrokenPipeError:  # `tf translate ... | head`
+            sys.stderr.close()
+            raise typer.Exit(0) from None
+
+    return wrapper
+
+
+def setup_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+
+
+@tokenizer_app.command("train")
+@user_errors
+def tokenizer_train(
+    config: Annotated[str, typer.Argument(help="YAML config (its `data` section is used).")],
+    out: Annotated[Path, typer.Option(help="Folder for the SentencePiece model(s).")],
+    set_: SetOption = None,
+) -> None:
+    """Train the SentencePiece tokenizer of a config on its training corpus."""
+    from cli.config import load_config
+    from cli.train import train_tokenizer_for
+    from data.corpus import load_corpus
+
+    cfg = load_config(config, set_ or [])
+    corpus = load_corpus(cfg.data.train, cfg.data.src_lang, cfg.data.tgt_lang)
+    tok = train_tokenizer_for(cfg, corpus, out)
+    typer.echo(
+        f"{out}: vocab {tok.src_vocab_size}/{tok.tgt_vocab_size}, "
+        f"{'joint' if tok.joint else 'separate'}, trained on {len(corpus)} pairs"
+    )
+
+
+@app.command()
+@user_errors
+def train(
+    config: Annotated[Optional[str], typer.Argument(help="YAML config or a shipped name.")] = None,  # noqa: UP045
+    set_: SetOption = None,
+    out: Annotated[Optional[Path], typer.Option(help="Run directory [runs/<config name>].")] = None,  # noqa: UP045
+    resume: Annotated[Path | None, typer.Option(help="Continue the run in this directory.")] = None,  # noqa: UP045
+    force: Annotated[bool, typer.Option(help="Start afresh in an existing run directory.")] = False,
+    allow_config_change: Annotated[
+        bool, typer.Option(help="Resume even though the config differs.")
+    ] = False,
+) -> None:
+    """Train a model (training the tokenizer first if the run has none)."""
+    from cli.checkpoint import RunDir
+    from cli.config import load_config
+    from cli.train import TrainingError, resume_config, run_train
+
+    if resume is not None:
+        cfg = resume_config(RunDir(resume), config, set_ or [], allow_config_change)
+        run_train(cfg, resume, resume=True)
+        return
+    if config is None:
+        raise TrainingError("tf train needs a CONFIG (e.g. configs/small.yaml) or --resume RUN")
+    cfg = load_config(config, set_ or [])
+    run_train(cfg, out or Path("runs") / Path(config).stem, resume=False, force=force)
+
+
+@app.command()
+@user_errors
+def translate(
+    run: Annotated[str, typer.Argument(help="Run directory or checkpoint file.")],
+    input: Annotated[
+        Path | None, typer.Option("-i", "--input", help="Source text [stdin].")
+    ] = None,  # noqa: UP045
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Output [stdout].")] = None,  # noqa: UP045
+    beam: Annotated[
+        int | None, typer.Option(help="Beam size [the run's decode.beam_size].")
+    ] = None,  # noqa: UP045
+    greedy: Annotated[bool, typer.Option(help="Greedy decoding.")] = False,
+    nbest: Annotated[int, typer.Option(help="Hypotheses per sentence ('k ||| text').")] = 1,
+    scores: Annotated[bool, typer.Option(help="Print each hypothesis' score.")] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+) -> None:
+    """Translate raw text line by line (stdin to stdout by default)."""
+    from cli.translate import SearchOptions, run_translate
+
+    options = SearchOptions(beam_size=1 if greedy else (beam or 0), nbest=nbest)
+    run_translate(run, input, output, options, device, scores)
+
+
+@app.command("eval")
+@user_errors
+def eval_(
+    run: Annotated[Optional[str], typer.Argument(help="Run directory or checkpoint file.")] = None,  # noqa: UP045
+    src: Annotated[Optional[Path], typer.Option(help="Source text to translate.")] = None,  # noqa: UP045
+    ref: Annotated[Path, typer.Option(help="Reference translations.")] = ...,
+    hyp: Annotated[
+        Path | None, typer.Option(help="Score this file instead of translating.")
+    ] = None,  # noqa: UP045
+    beam: Annotated[
+        int | None, typer.Option(help="Beam size [the run's decode.beam_size].")
+    ] = None,  # noqa: UP045
+    greedy: Annotated[bool, typer.Option(help="Greedy decoding.")] = False,
+    limit: Annotated[int, typer.Option(help="Score only the first N lines (0: all).")] = 0,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    json: Annotated[bool, typer.Option("--json", help="One JSON object for pipelines.")] = False,
+) -> None:
+    """Translate and score with sacrebleu: corpus BLEU and chrF, with signatures."""
+    from cli.evaluate import run_eval
+
+    typer.echo(run_eval(run, src, ref, hyp, beam, greedy, device, limit, json))
+
+
+@app.command()
+@user_errors
+def average(
+    run: Annotated[list[str], typer.Argument(help="A run directory, or checkpoint files.")],
+    last: Annotated[int, typer.Option(help="Average the last N step checkpoints of RUN.")] = 5,
+    output: Annotated[Path, typer.Option("-o", "--output", help="The averaged checkpoint.")] = ...,
+) -> None:
+    """Average checkpoints, as the paper does for its results (last 5 for base, 20 for big)."""
+    from cli.average import run_average
+
+    typer.echo(run_average(run, last, output))
+
+
+def main() -> None:
+    setup_logging()
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Adam with the paper's settings and the two learning-rate schedules."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from cli.config import TrainConfig
+
+
+def noam(step: int, d_model: int, warmup: int) -> float:
+    """The paper's schedule (section 5.3): d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)."""
+    step = max(step, 1)
+    return d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def inverse_sqrt(step: int, warmup: int) -> float:
+    """fairseq's inverse_sqrt as a multiplier of the peak: linear warmup, then sqrt(warmup/step)."""
+    step = max(step, 1)
+    if step < warmup:
+        return step / warmup
+    return math.sqrt(warmup / step)
+
+
+def lr_multiplier(train: TrainConfig, d_model: int) -> Callable[[int], float]:
+    """Multiplier of `train.lr` for update number `step` (1-based)."""
+    if train.schedule == "noam":
+        return lambda step: noam(step, d_model, train.warmup_steps)
+    return lambda step: inverse_sqrt(step, train.warmup_steps)
+
+
+def build_optimizer(
+    params, train: TrainConfig, d_model: int, device: torch.device
+) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
+    """Adam(0.9, 0.98, eps 1e-9) and a LambdaLR whose k-th `step()` sets the lr of update k+1."""
+    fused = device.type == "cuda"  # the fused kernel is CUDA's; foreach is the CPU default
+    optimizer = torch.optim.Adam(
+        params,
+        lr=train.lr,
+        betas=tuple(train.betas),
+        eps=train.adam_eps,
+        weight_decay=train.weight_decay,
+        fused=fused or None,
+    )
+    multiplier = lr_multiplier(train, d_model)
+    # LambdaLR evaluates at 0 on creation: shift by one so the first update uses step 1.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: multiplier(k + 1))
+    return optimizer, scheduler

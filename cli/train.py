@@ -1,0 +1,680 @@
+"""`tf train`: label-smoothed training with warmup, validation, checkpoints and exact resume.
+
+One update = `update_freq` batches whose gradients are summed, the loss normalised by the real
+target tokens of all of them (on all ranks), so accumulating k half-batches equals one update
+on the whole batch. Everything that decides what happens next (weights, optimiser, schedule,
+batch iterator position, every RNG) is in the checkpoint: a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import shutil
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from cli import distributed
+from cli.checkpoint import FORMAT, RunDir, build_model, load_checkpoint, save_atomic
+from cli.config import Config, ConfigError, config_diff, load_config, save_config
+from cli.evaluate import score
+from cli.optim import build_optimizer
+from cli.translate import SearchOptions, translate_ids
+from data.batching import Batch, BatchIterator
+from data.corpus import encode_corpus, filter_pairs, load_corpus, token_ids
+from data.tokenizer import Tokenizer, train_tokenizer
+from model.loss import label_smoothed_cross_entropy
+
+log = logging.getLogger(__name__)
+
+
+class TrainingError(Exception):
+    """Training cannot go on (non-finite losses, a refused resume); one line for the user."""
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for `train.precision` on this device (None: plain fp32).
+
+    `auto` is bf16 on GPUs that support it (else fp16) and on CPUs with native bf16
+    (AVX512-BF16 or AMX), fp32 elsewhere. Master weights and Adam's state stay fp32.
+    """
+    if precision == "fp32":
+        return None
+    if precision == "fp16":
+        if device.type != "cuda":
+            raise ConfigError("train.precision: fp16 needs a CUDA device; use bf16 or auto")
+        return torch.float16
+    if precision == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return torch.bfloat16 if native else None
+
+
+def prepare_tokenizer(config: Config, run: RunDir, train_corpus, dd: distributed.Dist) -> Tokenizer:
+    """The run's tokenizer, trained on the training corpus when the run has none yet."""
+    if not (run.tokenizer / "joint.model").exists() and not (run.tokenizer / "src.model").exists():
+        if dd.main:
+            log.info(
+                "training a %s tokenizer (vocab %d) on %d pairs",
+                config.data.tokenizer_type,
+                config.data.vocab_size,
+                len(train_corpus),
+            )
+            train_tokenizer_for(config, train_corpus, run.tokenizer)
+        distributed.barrier(dd)
+    return Tokenizer.load(run.tokenizer)
+
+
+def train_tokenizer_for(config: Config, corpus, out_dir: Path) -> Tokenizer:
+    d = config.data
+    return train_tokenizer(
+        corpus["src"],
+        corpus["tgt"],
+        out_dir,
+        vocab_size=d.vocab_size,
+        model_type=d.tokenizer_type,
+        joint=d.joint_vocab,
+        character_coverage=d.character_coverage,
+        seed=config.train.seed,
+    )
+
+
+@dataclass
+class Data:
+    train: BatchIterator
+    dev_batches: list[Batch]
+    dev_src_ids: list[list[int]]  # the subset decoded for BLEU
+    dev_refs: list[str]
+    counts: dict[str, int]
+
+
+def prepare_data(config: Config, tokenizer: Tokenizer, train_corpus, dd: distributed.Dist) -> Data:
+    """Encode (cached by `datasets`) and filter the corpora; batch them by the token budget."""
+    d, t = config.data, config.train
+    encoded, counts = filter_pairs(
+        encode_corpus(train_corpus, tokenizer),
+        max_len=d.max_len,
+        max_len_ratio=d.max_len_ratio,
+        name=d.train,
+    )
+    special = dict(pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    train = BatchIterator(
+        token_ids(encoded, "src_ids"),
+        token_ids(encoded, "tgt_ids"),
+        max_tokens=t.max_tokens,
+        max_sentences=t.max_sentences,
+        seed=t.seed,
+        rank=dd.rank,
+        world_size=dd.world_size,
+        **special,
+    )
+    # Dev loss over the pairs the model can take; BLEU on the raw first sentences, as `tf eval`.
+    limit = config.model.max_positions
+    dev = load_corpus(d.dev, d.src_lang, d.tgt_lang)
+    dev_encoded = encode_corpus(dev, tokenizer)
+    dev_fit, _ = filter_pairs(dev_encoded, max_len=limit - 1, name=d.dev)
+    dev_batches = BatchIterator(
+        token_ids(dev_fit, "src_ids"),
+        token_ids(dev_fit, "tgt_ids"),
+        max_tokens=t.max_tokens,
+        max_sentences=t.max_sentences,
+        shuffle=False,
+        **special,
+    )
+    n = min(t.eval_bleu_sentences or len(dev), len(dev))
+    src_ids = [ids[:limit] for ids in dev_encoded.select(range(n))["src_ids"]]
+    return Data(train, list(dev_batches), src_ids, list(dev.select(range(n))["tgt"]), counts)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": python_rng_to_list(random.getstate())}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(python_rng_from_list(state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def python_rng_to_list(state: tuple) -> list:
+    """random.getstate() as lists and ints, which `torch.load(weights_only=True)` accepts."""
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def python_rng_from_list(state: list) -> tuple:
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records after `step`: a killed run wrote them; the resumed run writes them anew."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if record_step(line) <= step]
+    if len(kept) != len(lines):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(path)
+
+
+def record_step(line: str) -> float:
+    """The step of a metrics line; a line cut short by a kill counts as after every step."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError):
+        return math.inf
+
+
+# ----------------------------------------------------------------------------- state
+
+
+@dataclass
+class Progress:
+    """Counters that a checkpoint carries besides weights and optimiser."""
+
+    step: int = 0
+    elapsed: float = 0.0  # seconds of training wall time over all sessions of this run
+    bad_steps: int = 0  # non-finite losses in a row
+    best: float | None = None  # best validation metric so far
+    evals_since_best: int = 0
+    history: list[float] = field(default_factory=list)
+
+
+class Trainer:
+    """Holds the model, optimiser, data and run directory of one training session."""
+
+    def __init__(
+        self,
+        config: Config,
+        run: RunDir,
+        dd: distributed.Dist,
+        device: torch.device,
+        resume: bool = False,
+    ) -> None:
+        self.config = config
+        self.run = run
+        self.dist, self.device = dd, device
+        t = config.train
+        if t.deterministic:
+            torch.use_deterministic_algorithms(True)
+        seed_everything(t.seed)
+        train_corpus = load_corpus(config.data.train, config.data.src_lang, config.data.tgt_lang)
+        self.tokenizer = prepare_tokenizer(config, run, train_corpus, dd)
+        self.data = prepare_data(config, self.tokenizer, train_corpus, self.dist)
+        self.model = build_model(config, self.tokenizer).to(self.device)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model.parameters(), t, config.model.d_model, self.device
+        )
+        self.dtype = autocast_dtype(t.precision, self.device)
+        self.scaler = torch.amp.GradScaler(enabled=self.dtype == torch.float16)
+        self.progress = Progress()
+        if resume:
+            self.restore(run.checkpoints / "last.pt")
+        # Dropout differs between ranks; the initial weights do not (DDP broadcasts rank 0's).
+        if not resume:
+            torch.manual_seed(t.seed + self.dist.rank)
+        self.net: torch.nn.Module = self.model
+        if self.dist.active:
+            self.net = DistributedDataParallel(self.model)
+        if t.compile:
+            self.net = torch.compile(self.net)
+        self.stop_requested = False
+        self.batch_stream = iter(self.data.train)
+
+    # -- checkpoints
+
+    def state(self) -> dict[str, Any]:
+        p = self.progress
+        return {
+            "format": FORMAT,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "step": p.step,
+            "epoch": round(self.epochs_done(), 3),
+            "iterator": self.data.train.state_dict(),
+            "rng": distributed.gather_to_main(self.dist, rng_state()),
+            "progress": {
+                "elapsed": p.elapsed,
+                "bad_steps": p.bad_steps,
+                "best": p.best,
+                "evals_since_best": p.evals_since_best,
+                "history": p.history,
+            },
+            "config": self.config.to_dict(),
+            "tokenizer_digest": self.tokenizer.digest(),
+            "world_size": self.dist.world_size,
+        }
+
+    def save(self, names: list[str]) -> None:
+        """Write the state under each name in checkpoints/ (only the main rank writes)."""
+        state = self.state()  # every rank takes part: the RNG states are gathered
+        if not self.dist.main:
+            return
+        if not all(
+            torch.isfinite(v).all()
+            for v in self.model.state_dict().values()
+            if v.is_floating_point()
+        ):
+            raise TrainingError("the weights hold NaN or inf; no checkpoint was written")
+        for name in names:
+            save_atomic(state, self.run.checkpoints / name)
+        self.prune_step_checkpoints()
+
+    def prune_step_checkpoints(self) -> None:
+        steps = self.run.step_checkpoints()
+        for old in steps[: max(0, len(steps) - self.config.train.keep_last)]:
+            old.unlink(missing_ok=True)
+
+    def restore(self, path: Path) -> None:
+        ckpt = load_checkpoint(path, map_location=self.device)
+        if ckpt.get("world_size", 1) != self.dist.world_size:
+            raise TrainingError(
+                f"{path}: written by {ckpt.get('world_size')} processes; resume "
+                f"with the same number (now {self.dist.world_size})"
+            )
+        if ckpt.get("tokenizer_digest") != self.tokenizer.digest():
+            raise TrainingError(
+                f"{path}: was trained with another tokenizer than {self.run.tokenizer}"
+            )
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        self.data.train.load_state_dict(ckpt["iterator"])
+        rng = ckpt["rng"]
+        set_rng_state(rng[self.dist.rank])
+        p = ckpt["progress"]
+        self.progress = Progress(
+            ckpt["step"],
+            p["elapsed"],
+            p["bad_steps"],
+            p["best"],
+            p["evals_since_best"],
+            list(p["history"]),
+        )
+        if self.dist.main:
+            truncate_metrics(self.run.metrics, ckpt["step"])
+        log.info("resumed from %s at step %d", path, ckpt["step"])
+
+    # -- one update
+
+    def loss_of(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed smoothed loss and NLL of a batch; logits only at real target positions."""
+        ctx = torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else nullcontext()
+        real = ~batch.tgt_pad_mask  # (B, T)
+        with ctx:
+            # (N, V) for the N real target tokens: DDP needs the whole model under forward().
+            logits = self.net(batch.src, batch.tgt_in, batch.src_pad_mask, batch.tgt_pad_mask, real)
+        return label_smoothed_cross_entropy(
+            logits, batch.tgt_out[real], self.config.train.label_smoothing
+        )
+
+    def next_batches(self) -> list[Batch]:
+        """The `update_freq` batches of the next update, crossing into the next epoch as needed."""
+        batches = []
+        while len(batches) < self.config.train.update_freq:
+            batch = next(self.batch_stream, None)
+            if batch is None:
+                self.batch_stream = iter(self.data.train)  # the iterator moved to the next epoch
+                continue
+            batches.append(batch.to(self.device))
+        return batches
+
+    def update(self, batches: list[Batch]) -> dict[str, float] | None:
+        """One optimiser update over `batches` (gradients summed); None if the loss was not finite.
+
+        The loss is normalised by the real target tokens of all the batches on all ranks.
+        """
+        t = self.config.train
+        local_tokens = sum(b.n_tgt_tokens for b in batches)
+        tokens = distributed.sum_over_ranks(self.dist, local_tokens, self.device)
+        # DDP averages gradients over ranks: scale so the result is the per-token mean overall.
+        norm = self.dist.world_size / tokens
+        loss_sum = nll_sum = 0.0
+        self.net.train()
+        for i, batch in enumerate(batches):
+            sync = i == len(batches) - 1  # all-reduce only on the last micro-batch
+            with nullcontext() if sync or not self.dist.active else self.net.no_sync():
+                loss, nll = self.loss_of(batch)
+                self.scaler.scale(loss * norm).backward()
+            loss_sum += loss.item()
+            nll_sum += nll.item()
+        loss_sum = distributed.sum_over_ranks(self.dist, loss_sum, self.device)
+        nll_sum = distributed.sum_over_ranks(self.dist, nll_sum, self.device)
+        if not math.isfinite(loss_sum):
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        if t.clip_norm > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {
+            "loss": loss_sum / tokens,
+            "nll": nll_sum / tokens,
+            "tokens": tokens,
+            "local_tokens": local_tokens,
+        }
+
+    # -- validation
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Dev loss/perplexity over the whole dev set, BLEU/chrF of greedy decoding of a subset."""
+        self.model.eval()
+        loss = nll = tokens = 0.0
+        for batch in self.data.dev_batches:
+            batch = batch.to(self.device)
+            batch_loss, batch_nll = self.loss_of_eval(batch)
+            loss, nll, tokens = loss + batch_loss, nll + batch_nll, tokens + batch.n_tgt_tokens
+        hyps = translate_ids(
+            self.model,
+            self.tokenizer,
+            self.data.dev_src_ids,
+            self.config.decode,
+            SearchOptions(beam_size=1),
+            self.device,
+        )
+        texts = self.tokenizer.decode_tgt([h[0].tokens for h in hyps])
+        scores = score(texts, self.data.dev_refs)
+        self.model.train()
+        return {
+            "dev_loss": loss / tokens,
+            "dev_nll": nll / tokens,
+            "dev_ppl": math.exp(min(nll / tokens, 50)),
+            "dev_bleu": scores["bleu"],
+            "dev_chrf": scores["chrf"],
+        }
+
+    def loss_of_eval(self, batch: Batch) -> tuple[float, float]:
+        real = ~batch.tgt_pad_mask
+        logits = self.model(batch.src, batch.tgt_in, batch.src_pad_mask, batch.tgt_pad_mask, real)
+        loss, nll = label_smoothed_cross_entropy(
+            logits, batch.tgt_out[real], self.config.train.label_smoothing
+        )
+        return loss.item(), nll.item()
+
+    # -- the loop
+
+    def epochs_done(self) -> float:
+        """Training epochs completed, with the fraction of the current one."""
+        it = self.data.train
+        return it.epoch + it.position / len(it)
+
+    def should_stop(self) -> str | None:
+        t, p = self.config.train, self.progress
+        if self.stop_requested:
+            return "signal"
+        if t.max_steps and p.step >= t.max_steps:
+            return "max_steps"
+        if t.max_epochs and self.epochs_done() >= t.max_epochs:
+            return "max_epochs"
+        if t.max_time and p.elapsed >= t.max_time:
+            return "max_time"
+        if t.patience and p.evals_since_best >= t.patience:
+            return "early_stop"
+        return None
+
+    def record_validation(self, metrics: dict[str, float]) -> bool:
+        """Update best/patience from a validation; True if it is the best so far."""
+        t, p = self.config.train, self.progress
+        value = metrics[
+            "dev_loss" if t.early_stop_metric == "loss" else f"dev_{t.early_stop_metric}"
+        ]
+        sign = -1.0 if t.early_stop_metric == "loss" else 1.0  # higher is better after the sign
+        p.history.append(value)
+        if p.best is None or sign * value > sign * p.best:
+            p.best, p.evals_since_best = value, 0
+            return True
+        p.evals_since_best += 1
+        return False
+
+    def fit(self) -> str:
+        """Train until a stopping condition; returns why it stopped."""
+        t, p = self.config.train, self.progress
+        bar = self.progress_bar()
+        window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "updates": 0, "time": 0.0}
+        while True:
+            reason = self.should_stop()
+            if distributed.any_rank(self.dist, reason is not None, self.device):
+                reason = reason or "another rank stopped"
+                break
+            start = time.perf_counter()
+            result = self.update(self.next_batches())
+            took = time.perf_counter() - start
+            p.elapsed += took
+            if result is None:
+                p.bad_steps += 1
+                log.warning(
+                    "step %d: non-finite loss, update skipped (%d in a row)",
+                    p.step + 1,
+                    p.bad_steps,
+                )
+                if p.bad_steps >= t.max_bad_steps:
+                    raise TrainingError(
+                        f"{p.bad_steps} non-finite losses in a row at step "
+                        f"{p.step + 1}; lower train.lr or use train.precision=fp32 "
+                        f"(last good checkpoint: {self.run.checkpoints / 'last.pt'})"
+                    )
+                continue
+            p.bad_steps = 0
+            p.step += 1
+            for k in ("loss", "nll", "tokens"):
+                window[k] += result[k] * (result["tokens"] if k != "tokens" else 1)
+            window["updates"] += 1
+            window["time"] += took
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(
+                    loss=f"{result['loss']:.3f}",
+                    lr=f"{self.lr():.2e}",
+                    tok_s=f"{result['tokens'] / took:.0f}",
+                    refresh=False,
+                )
+            if p.step % t.log_every == 0:
+                self.log_window(window)
+            if t.eval_every and p.step % t.eval_every == 0:
+                self.evaluate_and_save()
+            elif t.save_every and p.step % t.save_every == 0:
+                self.save([f"step_{p.step}.pt", "last.pt"])
+        if window["updates"]:
+            self.log_window(window)
+        if reason != "signal" and (not t.eval_every or p.step % t.eval_every):
+            self.evaluate_and_save()
+        else:
+            self.save(["last.pt"])
+        if bar is not None:
+            bar.close()
+        return reason
+
+    def evaluate_and_save(self) -> None:
+        p = self.progress
+        metrics = self.validate() if self.dist.main else {}
+        best = self.record_validation(metrics) if self.dist.main else False
+        best = distributed.any_rank(self.dist, best, self.device)
+        # Every rank must agree on patience: the main rank's counter is sent as a flag.
+        if self.dist.main:
+            self.write_metrics(
+                {
+                    "step": p.step,
+                    "epoch": round(self.epochs_done(), 3),
+                    **metrics,
+                    "best": p.best,
+                    "wall": round(p.elapsed, 1),
+                }
+            )
+            log.info("step %d: %s", p.step, "  ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
+        stop = distributed.any_rank(
+            self.dist,
+            self.dist.main
+            and bool(
+                self.config.train.patience and p.evals_since_best >= self.config.train.patience
+            ),
+            self.device,
+        )
+        if stop:
+            p.evals_since_best = max(p.evals_since_best, self.config.train.patience)
+        names = ["last.pt"] + (["best.pt"] if best else [])
+        if self.config.train.save_every and p.step % self.config.train.save_every == 0:
+            names.insert(0, f"step_{p.step}.pt")
+        self.save(names)
+
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def log_window(self, window: dict[str, float]) -> None:
+        p = self.progress
+        tokens = window["tokens"]
+        record = {
+            "step": p.step,
+            "epoch": round(self.epochs_done(), 3),
+            "loss": window["loss"] / tokens,
+            "nll": window["nll"] / tokens,
+            "ppl": math.exp(min(window["nll"] / tokens, 50)),
+            "lr": self.lr(),
+            "tokens_per_s": tokens / window["time"],
+            "wall": round(p.elapsed, 1),
+        }
+        if self.dist.main:
+            self.write_metrics(record)
+        for k in window:
+            window[k] = 0 if k == "updates" else 0.0
+
+    def write_metrics(self, record: dict[str, Any]) -> None:
+        with open(self.run.metrics, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def progress_bar(self):
+        if not self.dist.main:
+            return None
+        from tqdm import tqdm
+
+        t = self.config.train
+        return tqdm(
+            total=t.max_steps or None,
+            initial=self.progress.step,
+            unit="step",
+            desc="train",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            disable=None,
+        )  # None: off when stderr is no terminal
+
+    def handle_signals(self) -> None:
+        """SIGINT/SIGTERM finish the current update, save last.pt and exit cleanly."""
+
+        def request_stop(signum, frame):
+            if self.stop_requested:  # a second signal: stop now
+                raise KeyboardInterrupt
+            log.warning("%s: saving a checkpoint, then stopping", signal.Signals(signum).name)
+            self.stop_requested = True
+
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, request_stop)
+
+
+# ----------------------------------------------------------------------------- entry
+
+
+def start_run(config: Config, out: Path, force: bool) -> RunDir:
+    """Lay out a new run directory; never clobber an existing run unless forced."""
+    run = RunDir(out)
+    if (run.checkpoints / "last.pt").exists() or run.metrics.exists():
+        if not force:
+            raise TrainingError(
+                f"{out}: already holds a run; use --resume {out}, another --out, "
+                "or --force to start it afresh"
+            )
+        shutil.rmtree(run.checkpoints, ignore_errors=True)
+        run.metrics.unlink(missing_ok=True)
+    run.path.mkdir(parents=True, exist_ok=True)
+    save_config(config, run.config)
+    return run
+
+
+def resume_config(
+    run: RunDir, config_path: str | None, overrides: list[str], allow_changes: bool
+) -> Config:
+    """The run's saved config plus any new overrides; a change is refused unless allowed."""
+    if not run.config.is_file():
+        raise TrainingError(f"{run.path}: not a run directory (no config.yaml)")
+    saved = load_config(run.config)
+    wanted = (
+        load_config(config_path, overrides) if config_path else load_config(run.config, overrides)
+    )
+    changes = config_diff(saved.to_dict(), wanted.to_dict())
+    if changes:
+        listing = "; ".join(changes)
+        if not allow_changes:
+            raise TrainingError(
+                f"{run.config}: resuming with a changed config ({listing}); "
+                "pass --allow-config-change to accept"
+            )
+        log.warning("resuming with a changed config: %s", listing)
+    return wanted
+
+
+def run_train(config: Config, out: Path, resume: bool, force: bool = False) -> str:
+    """The `tf train` command; returns why training stopped."""
+    dd, device = distributed.init(config.train.device)
+    try:
+        run = RunDir(out)
+        if resume and not (run.checkpoints / "last.pt").is_file():
+            raise TrainingError(f"{out}: no checkpoints/last.pt to resume from")
+        if dd.main:
+            if resume:
+                save_config(config, run.config)
+            else:
+                start_run(config, out, force)
+        distributed.barrier(dd)
+        trainer = Trainer(config, run, dd, device, resume=resume)
+        trainer.handle_signals()
+        if dd.main:
+            c = trainer.data.counts
+            log.info("%s: %s", config.data.train, ", ".join(f"{k} {v}" for k, v in c.items()))
+            log.info(
+                "model: %.2fM parameters on %s, autocast %s",
+                trainer.model.num_parameters() / 1e6,
+                device,
+                trainer.dtype or "off",
+            )
+        reason = trainer.fit()
+        log.info(
+            "stopped (%s) at step %d; checkpoints in %s",
+            reason,
+            trainer.progress.step,
+            run.checkpoints,
+        )
+        return reason
+    finally:
+        distributed.shutdown(dd)

@@ -1,0 +1,239 @@
+"""`tf translate`: raw text in, detokenised translations out, batched by a token budget.
+
+Input is read in chunks so that a large file streams with bounded memory; inside a chunk the
+sentences are sorted by length into batches and the output is put back in input order.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import torch
+import torch.nn.functional as F
+
+from cli.config import DecodeConfig
+from data.batching import Batch, batch_by_tokens, collate
+from data.errors import InputError
+from data.tokenizer import Tokenizer
+from model.search import Hypothesis, beam_search, greedy_search
+from model.transformer import DecoderCache, Transformer
+
+log = logging.getLogger(__name__)
+
+CHUNK_LINES = 4096  # lines held in memory at once while streaming
+
+
+@dataclass
+class SearchOptions:
+    beam_size: int
+    nbest: int = 1
+
+    @property
+    def greedy(self) -> bool:
+        return self.beam_size == 1 and self.nbest == 1
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@torch.inference_mode()
+def search_batch(
+    model: Transformer,
+    batch: Batch,
+    decode: DecodeConfig,
+    options: SearchOptions,
+    bos_id: int,
+    eos_id: int,
+) -> list[list[Hypothesis]]:
+    """Translate one padded batch of source ids: `nbest` hypotheses per sentence, best first."""
+    memory = model.encode(batch.src, batch.src_pad_mask)  # (B, S, D)
+    cache = model.init_cache(memory, batch.src_pad_mask)
+    src_lens = (~batch.src_pad_mask).sum(dim=1)  # (B,)
+    limit = model.config.max_positions - 1
+    max_lens = (decode.max_len_a * src_lens + decode.max_len_b).long().clamp(1, limit)
+
+    def step(tokens: torch.Tensor, state: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
+        return F.log_softmax(model.decode_step(tokens, state).float(), dim=-1), state
+
+    def reorder(state: DecoderCache, index: torch.Tensor) -> DecoderCache:
+        return state.reorder(index)
+
+    common = dict(
+        batch_size=batch.src.size(0),
+        bos_id=bos_id,
+        eos_id=eos_id,
+        max_lens=max_lens,
+        min_len=decode.min_len,
+    )
+    if options.greedy:
+        return [[h] for h in greedy_search(step, cache, reorder, **common)]
+    return beam_search(
+        step,
+        cache,
+        reorder,
+        beam_size=options.beam_size,
+        length_penalty=decode.length_penalty,
+        nbest=options.nbest,
+        no_repeat_ngram_size=decode.no_repeat_ngram_size,
+        **common,
+    )
+
+
+def translate_ids(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    src_ids: list[list[int]],
+    decode: DecodeConfig,
+    options: SearchOptions,
+    device: torch.device,
+    max_sentences: int = 1024,
+) -> list[list[Hypothesis]]:
+    """Search for every source (already encoded and truncated), results in input order."""
+    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
+    todo = [i for i, ids in enumerate(src_ids) if ids]  # empty lines stay empty
+    lens = [len(src_ids[i]) for i in todo]
+    for group in batch_by_tokens(lens, [0] * len(lens), decode.max_tokens, max_sentences):
+        rows = [todo[j] for j in group]
+        batch = collate(
+            [src_ids[i] for i in rows],
+            None,
+            tokenizer.pad_id,
+            tokenizer.bos_id,
+            tokenizer.eos_id,
+            rows,
+        ).to(device)
+        hyps = search_batch(model, batch, decode, options, tokenizer.bos_id, tokenizer.eos_id)
+        for i, h in zip(rows, hyps):
+            results[i] = h
+    return results
+
+
+def encode_sources(
+    tokenizer: Tokenizer, lines: list[str], max_len: int, source: str, first_line: int
+) -> list[list[int]]:
+    """Encode raw lines; a line longer than the model's limit is cut, with one warning."""
+    ids = tokenizer.encode_src([line.strip() for line in lines])
+    for n, seq in enumerate(ids):
+        if len(seq) > max_len:
+            log.warning(
+                "%s:%d: %d pieces, truncated to the model's limit of %d",
+                source,
+                first_line + n,
+                len(seq),
+                max_len,
+            )
+            ids[n] = seq[:max_len]
+    return ids
+
+
+def read_lines(stream: Iterable[bytes], source: str) -> Iterator[str]:
+    """Decode lines as UTF-8, failing with the file and line of the first bad byte."""
+    for n, raw in enumerate(stream, start=1):
+        try:
+            yield raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{source}:{n}: invalid UTF-8 ({e.reason})") from None
+
+
+def chunks(lines: Iterable[str], size: int = CHUNK_LINES) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def translate_stream(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    lines: Iterable[str],
+    decode: DecodeConfig,
+    options: SearchOptions,
+    device: torch.device,
+    source: str = "<stdin>",
+) -> Iterator[tuple[str, list[Hypothesis]]]:
+    """Yield (source line, hypotheses) for each input line, in order, chunk by chunk."""
+    max_src = model.config.max_positions
+    first = 1
+    for chunk in chunks(lines):
+        src_ids = encode_sources(tokenizer, chunk, max_src, source, first)
+        yield from zip(chunk, translate_ids(model, tokenizer, src_ids, decode, options, device))
+        first += len(chunk)
+
+
+def format_hypotheses(
+    tokenizer: Tokenizer, hyps: list[Hypothesis], scores: bool, nbest: int
+) -> list[str]:
+    """Output lines for one input: the best translation, or `nbest` lines (`i ||| text ||| s`)."""
+    texts = tokenizer.decode_tgt([h.tokens for h in hyps])
+    if nbest == 1:
+        return [f"{texts[0]}\t{hyps[0].score:.4f}" if scores else texts[0]]
+    return [
+        f"{k} ||| {t} ||| {h.score:.4f}" if scores else f"{k} ||| {t}"
+        for k, (t, h) in enumerate(zip(texts, hyps))
+    ]
+
+
+def run_translate(
+    run: str,
+    input_path: Path | None,
+    output_path: Path | None,
+    options: SearchOptions,
+    device_name: str,
+    scores: bool,
+    progress: bool = True,
+) -> None:
+    """The `tf translate` command: stdin/FILE to stdout/FILE."""
+    from tqdm import tqdm
+
+    from cli.checkpoint import load_for_inference
+
+    device = pick_device(device_name)
+    model, tokenizer, config = load_for_inference(run, device)
+    source = str(input_path) if input_path else "<stdin>"
+    raw = open(input_path, "rb") if input_path else sys.stdin.buffer  # noqa: SIM115
+    results = translate_stream(
+        model, tokenizer, read_lines(raw, source), config.decode, options, device, source
+    )
+    if input_path and progress:
+        results = tqdm(
+            results,
+            desc="translate",
+            unit="line",
+            file=sys.stderr,
+            total=count_lines(input_path),
+            disable=None,
+        )  # None: only on a terminal
+    # A file is written beside its target and renamed at the end: an error leaves no half file.
+    tmp = output_path.with_name(f".{output_path.name}.partial") if output_path else None
+    out: TextIO = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout  # noqa: SIM115
+    try:
+        for _, hyps in results:
+            out.write("\n".join(format_hypotheses(tokenizer, hyps, scores, options.nbest)) + "\n")
+            if tmp is None:
+                out.flush()  # stdout: show each translation as soon as its chunk is done
+        if tmp is not None:
+            out.close()
+            tmp.replace(output_path)
+    finally:
+        if tmp is not None:
+            out.close()
+            tmp.unlink(missing_ok=True)
+        if input_path:
+            raw.close()
+
+
+def count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)

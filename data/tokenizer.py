@@ -1,0 +1,237 @@
+"""SentencePiece subword models: train one joint model (or one per side) and load it back.
+
+The special ids are fixed here, at training time, and nowhere else: every other module reads
+them from the loaded model (`Tokenizer.pad_id` ...), so a model trained with other ids would
+still be handled correctly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import sentencepiece as spm
+
+from data.errors import InputError
+
+# The only place these numbers appear; see the module docstring.
+SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
+
+JOINT_MODEL = "joint.model"
+SRC_MODEL = "src.model"
+TGT_MODEL = "tgt.model"
+MODEL_TYPES = ("bpe", "unigram")
+
+
+def train_tokenizer(
+    src_texts: Iterable[str],
+    tgt_texts: Iterable[str],
+    out_dir: str | os.PathLike,
+    *,
+    vocab_size: int,
+    model_type: str = "bpe",
+    joint: bool = True,
+    character_coverage: float = 1.0,
+    seed: int = 0,
+    input_sentence_size: int = 2_000_000,
+    byte_fallback: bool = False,
+) -> Tokenizer:
+    """Train SentencePiece on the given sentences and save the model(s) into `out_dir`.
+
+    Args:
+        src_texts, tgt_texts: sentences of each side; any iterables (consumed once).
+        out_dir: where `joint.model` (or `src.model` and `tgt.model`) and a training log go.
+        vocab_size: the vocabulary size of each model; an upper bound, so that small corpora
+            that cannot fill it still train.
+        model_type: "bpe" or "unigram".
+        joint: one model shared by both sides (needed to tie all embeddings), else one per side.
+        character_coverage: share of characters kept as pieces; the rest map to unk (or bytes).
+        seed: seeds SentencePiece's sampling of `input_sentence_size` sentences.
+        input_sentence_size: at most this many sentences (per model) are sampled for training,
+            which bounds time and memory on large corpora.
+        byte_fallback: spell out characters missing from the vocabulary as UTF-8 bytes instead
+            of unk (needs `vocab_size` >= 260).
+
+    Returns:
+        The trained tokenizer, loaded from `out_dir`.
+
+    Raises:
+        InputError: SentencePiece rejected the corpus or the settings.
+    """
+    if model_type not in MODEL_TYPES:
+        raise InputError(f"tokenizer: model_type must be one of {MODEL_TYPES}, not {model_type!r}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # A model of the other layout left from an earlier run would make `load` ambiguous.
+    for name in (JOINT_MODEL, SRC_MODEL, TGT_MODEL):
+        for stale in (out_dir / name, out_dir / name.replace(".model", ".vocab")):
+            stale.unlink(missing_ok=True)
+
+    options = {
+        "vocab_size": vocab_size,
+        "model_type": model_type,
+        "character_coverage": character_coverage,
+        "input_sentence_size": input_sentence_size,
+        "byte_fallback": byte_fallback,
+    }
+    spm.set_random_generator_seed(seed)
+    if joint:
+        _train_model(itertools.chain(src_texts, tgt_texts), out_dir / JOINT_MODEL, options)
+    else:
+        _train_model(src_texts, out_dir / SRC_MODEL, options)
+        _train_model(tgt_texts, out_dir / TGT_MODEL, options)
+    return Tokenizer.load(out_dir)
+
+
+def _train_model(texts: Iterable[str], model_path: Path, options: dict) -> None:
+    """Train one SentencePiece model into `model_path` (and its `.vocab` beside it)."""
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=_non_empty(texts),
+            model_prefix=str(model_path.with_suffix("")),
+            **SPECIAL_IDS,
+            # vocab_size is a bound, not a demand: tiny test corpora cannot fill it.
+            hard_vocab_limit=False,
+            shuffle_input_sentence=True,
+            num_threads=os.cpu_count() or 1,
+            # Errors only: SentencePiece otherwise floods stderr. (Its `logstream` would need
+            # a real stderr file descriptor, which embedding programs and test runners lack.)
+            minloglevel=2,
+            **options,
+        )
+    except RuntimeError as err:
+        raise InputError(f"{model_path}: {_explain(err, options)}") from None
+
+
+def _explain(err: RuntimeError, options: dict) -> str:
+    """One line saying why SentencePiece refused to train."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    too_small = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", text)
+    if too_small:
+        return (
+            f"vocab_size {too_small[1]} is below the {too_small[2]} pieces needed for the "
+            f"corpus's characters at character_coverage {options['character_coverage']}; "
+            "raise vocab_size or lower character_coverage"
+        )
+    return f"SentencePiece training failed: {text}"
+
+
+def _non_empty(texts: Iterable[str]) -> Iterator[str]:
+    """The non-blank sentences of `texts` (blank lines carry nothing to learn)."""
+    return (text for text in texts if text.strip())
+
+
+class Tokenizer:
+    """A pair of SentencePiece models, source and target (the same object when joint).
+
+    Attributes:
+        directory: the directory the model(s) were loaded from.
+        joint: True when both sides share one model (and so one vocabulary).
+        pad_id, unk_id, bos_id, eos_id: read from the model.
+        src_vocab_size, tgt_vocab_size: number of pieces of each side's model.
+    """
+
+    def __init__(self, directory: Path, src_path: Path, tgt_path: Path) -> None:
+        self.directory = directory
+        self.joint = src_path == tgt_path
+        self._paths = [src_path] if self.joint else [src_path, tgt_path]
+        self._src = _load_model(src_path)
+        self._tgt = self._src if self.joint else _load_model(tgt_path)
+        src_ids, tgt_ids = _special_ids(self._src), _special_ids(self._tgt)
+        if src_ids != tgt_ids:
+            raise InputError(f"{directory}: src.model and tgt.model use different special ids")
+        for name, value in src_ids.items():
+            if value < 0:
+                raise InputError(f"{src_path}: the model defines no {name.removesuffix('_id')}")
+        self.pad_id = src_ids["pad_id"]
+        self.unk_id = src_ids["unk_id"]
+        self.bos_id = src_ids["bos_id"]
+        self.eos_id = src_ids["eos_id"]
+        self.src_vocab_size = self._src.get_piece_size()
+        self.tgt_vocab_size = self._tgt.get_piece_size()
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> Tokenizer:
+        """Load `joint.model`, or `src.model` and `tgt.model`, from `directory`.
+
+        Raises:
+            InputError: no model there, both layouts at once, or a file that is not a model.
+        """
+        directory = Path(directory)
+        joint = directory / JOINT_MODEL
+        src, tgt = directory / SRC_MODEL, directory / TGT_MODEL
+        if joint.is_file() and (src.is_file() or tgt.is_file()):
+            raise InputError(f"{directory}: holds both {JOINT_MODEL} and {SRC_MODEL}/{TGT_MODEL}")
+        if joint.is_file():
+            return cls(directory, joint, joint)
+        if src.is_file() and tgt.is_file():
+            return cls(directory, src, tgt)
+        raise InputError(
+            f"{directory}: no tokenizer here "
+            f"(expected {JOINT_MODEL}, or {SRC_MODEL} and {TGT_MODEL})"
+        )
+
+    def encode_src(self, texts: list[str]) -> list[list[int]]:
+        """Source sentences to piece ids; no BOS/EOS added."""
+        return self._src.encode(list(texts), out_type=int)
+
+    def encode_tgt(self, texts: list[str]) -> list[list[int]]:
+        """Target sentences to piece ids; no BOS/EOS added."""
+        return self._tgt.encode(list(texts), out_type=int)
+
+    def decode_src(self, ids: list[list[int]]) -> list[str]:
+        """Source piece ids back to text; special ids (pad, BOS, EOS) decode to nothing."""
+        return self._src.decode([list(map(int, row)) for row in ids])
+
+    def decode_tgt(self, ids: list[list[int]]) -> list[str]:
+        """Target piece ids back to text; special ids (pad, BOS, EOS) decode to nothing."""
+        return self._tgt.decode([list(map(int, row)) for row in ids])
+
+    def src_pieces(self, text: str) -> list[str]:
+        """The source pieces of one sentence, e.g. ["▁Él", "▁com", "ió"]."""
+        return self._src.encode(text, out_type=str)
+
+    def tgt_pieces(self, ids: list[int]) -> list[str]:
+        """The target pieces named by `ids`."""
+        return [self._tgt.id_to_piece(int(i)) for i in ids]
+
+    def digest(self) -> str:
+        """sha256 (hex) of the model file(s): identifies the tokenizer in caches and checkpoints."""
+        sha = hashlib.sha256()
+        for path in self._paths:
+            sha.update(path.name.encode())
+            sha.update(path.read_bytes())
+        return sha.hexdigest()
+
+    def __repr__(self) -> str:
+        layout = "joint" if self.joint else "separate"
+        sizes = (
+            f"{self.src_vocab_size}"
+            if self.joint
+            else f"{self.src_vocab_size}/{self.tgt_vocab_size}"
+        )
+        return f"Tokenizer({str(self.directory)!r}, {layout}, vocab {sizes})"
+
+
+def _load_model(path: Path) -> spm.SentencePieceProcessor:
+    """Load one SentencePiece model, as an InputError if the file is not one."""
+    model = spm.SentencePieceProcessor()
+    try:
+        model.load(str(path))
+    except (OSError, RuntimeError):
+        raise InputError(f"{path}: not a SentencePiece model") from None
+    return model
+
+
+def _special_ids(model: spm.SentencePieceProcessor) -> dict[str, int]:
+    """The special ids a model was trained with (-1 where it has none)."""
+    return {
+        "pad_id": model.pad_id(),
+        "unk_id": model.unk_id(),
+        "bos_id": model.bos_id(),
+        "eos_id": model.eos_id(),
+    }

@@ -1,0 +1,182 @@
+"""Multi-head attention (paper section 3.2.2) over torch's fused `scaled_dot_product_attention`.
+
+The parameters carry the names of `nn.MultiheadAttention`: `in_proj_weight` (3D, D) stacks
+W_q, W_k and W_v, `in_proj_bias` (3D,) their biases, `out_proj` is W_o. A state dict therefore
+moves between ours and torch's unchanged. Self-attention projects Q, K and V with one matmul over
+the whole (3D, D) matrix; cross-attention projects Q from the decoder and K, V together from the
+encoder output (rows D: of the same matrix), once per source when decoding step by step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass
+class KVCache:
+    """Keys and values of one attention layer, kept across decoding steps."""
+
+    keys: Tensor  # (N, H, t, D/H)
+    values: Tensor  # (N, H, t, D/H)
+
+    def append(self, keys: Tensor, values: Tensor) -> None:
+        """Add the keys and values of new positions, (N, H, T, D/H) each, after the old ones."""
+        if self.keys.size(2) == 0:  # the first ones also set the dtype (bf16 under autocast)
+            self.keys, self.values = keys, values
+        else:
+            self.keys = torch.cat([self.keys, keys], dim=2)  # (N, H, t + T, D/H)
+            self.values = torch.cat([self.values, values], dim=2)
+
+    def reorder(self, index: Tensor) -> KVCache:
+        """Row i of the result is row index[i] of this cache; index is (N',) long."""
+        return KVCache(self.keys.index_select(0, index), self.values.index_select(0, index))
+
+
+def keep_mask(key_pad_mask: Tensor | None, attn_mask: Tensor | None) -> Tensor | None:
+    """SDPA's boolean keep-mask from torch's public masks, or None when nothing is masked.
+
+    Args:
+        key_pad_mask: (B, S) bool, True = padding key, or None.
+        attn_mask: (T, S) bool, True = blocked (the causal mask), or None.
+
+    Returns:
+        (B, 1, 1, S), (B, 1, T, S) or (T, S) bool, True = may attend: it broadcasts over the
+        heads, so no (B, H, T, S) mask is ever built.
+    """
+    # The one place a mask changes polarity: nn.Transformer's masks say True = padding/blocked,
+    # scaled_dot_product_attention's boolean attn_mask says True = may attend. Opposite meanings.
+    blocked = None if key_pad_mask is None else key_pad_mask[:, None, None, :]  # (B, 1, 1, S)
+    if attn_mask is not None:
+        blocked = attn_mask if blocked is None else blocked | attn_mask  # (B, 1, T, S)
+    if blocked is None:
+        return None
+    keep = ~blocked
+    # A query whose keys are all masked (an all-padding source) would take a softmax over nothing,
+    # NaN on some backends: let it attend to every key instead. Its output is never used.
+    return keep | ~keep.any(dim=-1, keepdim=True)
+
+
+class MultiheadAttention(nn.Module):
+    """Parameters and the attention itself, shared by self- and cross-attention."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.dropout = dropout  # on the attention probabilities, as torch's
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * d_model, d_model))
+        self.in_proj_bias = nn.Parameter(torch.empty(3 * d_model))
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform weights and zero biases, as torch's MultiheadAttention.
+
+        Xavier over the stacked (3D, D) matrix gives each of W_q, W_k, W_v the bound
+        sqrt(6 / 4D): fairseq's per-matrix xavier_uniform with gain 1/sqrt(2).
+        """
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        nn.init.zeros_(self.in_proj_bias)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def _split_heads(self, x: Tensor, n: int) -> Tensor:
+        """(B, T, n*D) projections -> (n, B, H, T, D/H)."""
+        B, T, _ = x.shape
+        x = x.view(B, T, n, self.n_heads, self.d_head)  # (B, T, n, H, D/H)
+        return x.permute(2, 0, 3, 1, 4)  # (n, B, H, T, D/H)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
+        """softmax(QK^T / sqrt(d_k)) V over the heads, then W_o (paper eq. 1).
+
+        q (B, H, T, D/H), k and v (B, H, S, D/H), keep broadcastable to (B, H, T, S) -> (B, T, D).
+        """
+        dropout_p = self.dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
+        B, H, T, d_head = out.shape
+        out = out.transpose(1, 2).reshape(B, T, H * d_head)  # (B, T, D)
+        return self.out_proj(out)
+
+    def _probabilities(self, q: Tensor, k: Tensor, keep: Tensor | None) -> Tensor:
+        """The attention probabilities, computed explicitly (for inspection, never for training)."""
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, S)
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
+        return scores.softmax(dim=-1)
+
+
+class SelfAttention(MultiheadAttention):
+    """Attention of a sequence over itself, with an optional cache of past keys and values."""
+
+    def forward(
+        self,
+        x: Tensor,
+        key_pad_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """Attend from every position of x to the positions of x (and of the cache).
+
+        Args:
+            x: (B, T, D) the sequence.
+            key_pad_mask: (B, T) bool, True = padding, or None.
+            attn_mask: (T, T) bool, True = blocked (the causal mask), or None.
+            cache: keys and values of earlier positions (B, H, t, D/H); those of x are appended
+                and x attends to all of them. Masks then must be None: the cache holds only the
+                past of real tokens.
+
+        Returns:
+            (B, T, D)
+        """
+        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (B, T, 3D)
+        q, k, v = self._split_heads(qkv, 3)  # (B, H, T, D/H) each
+        if cache is not None:
+            cache.append(k, v)
+            k, v = cache.keys, cache.values  # (B, H, t + T, D/H)
+        return self._attend(q, k, v, keep_mask(key_pad_mask, attn_mask))
+
+
+class CrossAttention(MultiheadAttention):
+    """Attention of the decoder over the encoder output ("memory")."""
+
+    def project_memory(self, memory: Tensor) -> KVCache:
+        """Keys and values of the memory, (B, S, D) -> (B, H, S, D/H) each: once per source."""
+        d_model = memory.size(-1)
+        kv = F.linear(memory, self.in_proj_weight[d_model:], self.in_proj_bias[d_model:])
+        k, v = self._split_heads(kv, 2)  # (B, H, S, D/H) each
+        return KVCache(k, v)
+
+    def _project_query(self, x: Tensor) -> Tensor:
+        """(B, T, D) -> (B, H, T, D/H)."""
+        d_model = x.size(-1)
+        q = F.linear(x, self.in_proj_weight[:d_model], self.in_proj_bias[:d_model])  # (B, T, D)
+        return self._split_heads(q, 1)[0]
+
+    def forward(self, x: Tensor, memory_kv: KVCache, key_pad_mask: Tensor | None) -> Tensor:
+        """Attend from x to the memory.
+
+        Args:
+            x: (B, T, D) decoder states.
+            memory_kv: from `project_memory`, (B, H, S, D/H) each.
+            key_pad_mask: (B, S) bool, True = padding in the source, or None.
+
+        Returns:
+            (B, T, D)
+        """
+        q = self._project_query(x)
+        return self._attend(q, memory_kv.keys, memory_kv.values, keep_mask(key_pad_mask, None))
+
+    def probabilities(self, x: Tensor, memory_kv: KVCache, key_pad_mask: Tensor | None) -> Tensor:
+        """The attention probabilities softmax(QK^T / sqrt(d_k)) of `forward`, per head.
+
+        Shape: x (B, T, D), key_pad_mask (B, S) -> (B, H, T, S), zero on padding keys.
+        """
+        q = self._project_query(x)
+        return self._probabilities(q, memory_kv.keys, keep_mask(key_pad_mask, None))

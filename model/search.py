@@ -1,0 +1,299 @@
+"""Greedy and beam search over a step function: ids in, ids and scores out.
+
+Search knows nothing of the model or of text (as flax's examples/wmt/decode.py). It calls
+
+    step(tokens, state) -> (log_probs, state)
+        tokens (N,) long, the last token of each row (BOS first); log_probs (N, V), normalised.
+    reorder(state, index) -> state
+        index (N',) long: row i of the new state is row index[i] of the old one.
+
+A row is one hypothesis. Both searches are batched over B sentences: the first step sees one row
+per sentence, so `state` starts with B rows, and beam search's first reorder expands each to its
+beams (index = arange(B).repeat_interleave(beam) then). A finished hypothesis is set aside, and a
+finished sentence leaves the live rows through `reorder`, so it costs nothing further.
+
+Lengths: a hypothesis holds at most max_lens[b] tokens; at that length EOS is the only choice
+(as fairseq), so every hypothesis ends in EOS and its log-probability includes EOS's. Tokens are
+returned without BOS and EOS; the length |Y| in the length penalty counts EOS.
+
+Scores: beam search ranks finished hypotheses by GNMT's length-normalised score
+log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016, eq. 14). Greedy search has
+no length penalty: its score is the log-probability.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+from torch import Tensor
+
+State = TypeVar("State")
+StepFn = Callable[[Tensor, State], tuple[Tensor, State]]
+ReorderFn = Callable[[State, Tensor], State]
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # no BOS, no EOS
+    score: float  # length-penalised log-probability (the log-probability for greedy)
+    log_prob: float  # sum of the tokens' log-probabilities, EOS included
+
+
+@dataclass
+class Beams:
+    """The live hypotheses: k rows per live sentence, a sentence's rows adjacent."""
+
+    tokens: Tensor  # (N, t) tokens generated so far
+    log_probs: Tensor  # (N,) sum of their log-probabilities
+    sentence: Tensor  # (N,) input index of the row's sentence
+
+    def take(self, rows: Tensor) -> Beams:
+        """Rows (N',) of these beams."""
+        return Beams(self.tokens[rows], self.log_probs[rows], self.sentence[rows])
+
+    def extend(self, tokens: Tensor, log_probs: Tensor) -> Beams:
+        """Each row followed by tokens (N,), its sum of log-probabilities now log_probs (N,)."""
+        extended = torch.cat([self.tokens, tokens[:, None]], dim=1)  # (N, t + 1)
+        return Beams(extended, log_probs, self.sentence)
+
+
+def gnmt_length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT's length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha; alpha = 0 gives 1."""
+    return ((5 + length) / 6) ** alpha
+
+
+def _initial_beams(batch_size: int, device: torch.device) -> Beams:
+    empty = torch.empty(batch_size, 0, dtype=torch.long, device=device)  # (B, 0)
+    zeros = torch.zeros(batch_size, device=device)  # (B,)
+    return Beams(empty, zeros, torch.arange(batch_size, device=device))
+
+
+def _restrict_length(
+    log_probs: Tensor, t: int, max_lens: Tensor, eos_id: int, min_len: int
+) -> Tensor:
+    """Forbid EOS before min_len tokens; force it once a row holds max_lens tokens (that wins).
+
+    Shape: log_probs (N, V), max_lens (N,) per row -> (N, V).
+    """
+    is_eos = torch.arange(log_probs.size(1), device=log_probs.device) == eos_id  # (V,)
+    restricted = log_probs.masked_fill(is_eos, float("-inf")) if t < min_len else log_probs
+    forced = log_probs.masked_fill(~is_eos, float("-inf"))
+    return torch.where((max_lens <= t)[:, None], forced, restricted)
+
+
+def _ban_repeated_ngrams(log_probs: Tensor, tokens: Tensor, n: int) -> Tensor:
+    """Forbid every token that would complete an n-gram already in the row's tokens.
+
+    Shape: log_probs (N, V), tokens (N, t) -> (N, V).
+    """
+    if n <= 0 or tokens.size(1) < n:
+        return log_probs
+    windows = tokens.unfold(1, n, 1)  # (N, W, n): every n-gram so far
+    last = tokens[:, tokens.size(1) - n + 1 :]  # (N, n - 1): the n-gram the next token completes
+    match = (windows[:, :, :-1] == last[:, None, :]).all(dim=-1)  # (N, W)
+    banned = torch.zeros_like(log_probs).scatter_add_(1, windows[:, :, -1], match.to(log_probs))
+    return log_probs.masked_fill(banned > 0, float("-inf"))
+
+
+def greedy_search(
+    step: StepFn,
+    state: State,
+    reorder: ReorderFn,
+    *,
+    batch_size: int,
+    bos_id: int,
+    eos_id: int,
+    max_lens: Tensor,
+    min_len: int = 0,
+) -> list[Hypothesis]:
+    """The most probable next token at every step, for B sentences at once.
+
+    Args:
+        step, state, reorder: as in the module docstring; state holds B rows.
+        batch_size: B.
+        bos_id, eos_id: the first token fed; the token that ends a hypothesis.
+        max_lens: (B,) long, the most tokens of each sentence's output (EOS not counted), on
+            the device of the step's tensors.
+        min_len: EOS is forbidden before this many tokens.
+
+    Returns:
+        B hypotheses in input order, score = log_prob.
+    """
+    results: list[Hypothesis | None] = [None] * batch_size
+    beams = _initial_beams(batch_size, max_lens.device)  # one row per live sentence
+    tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=max_lens.device)
+    for t in itertools.count():
+        log_probs, state = step(tokens, state)  # (N, V)
+        row_max_lens = max_lens[beams.sentence]  # (N,)
+        log_probs = _restrict_length(log_probs, t, row_max_lens, eos_id, min_len)
+        best, tokens = log_probs.max(dim=1)  # (N,) each; ties go to the first id
+        sum_log_probs = beams.log_probs + best  # (N,)
+        ended = (tokens == eos_id) | (row_max_lens <= t)  # (N,) the latter even if EOS is -inf
+        if ended.any():
+            for sentence, prefix, log_prob in zip(
+                beams.sentence[ended].tolist(),
+                beams.tokens[ended].tolist(),
+                sum_log_probs[ended].tolist(),
+                strict=True,
+            ):
+                results[sentence] = Hypothesis(prefix, log_prob, log_prob)
+            if ended.all():
+                break
+            live = (~ended).nonzero().squeeze(1)  # (N',)
+            state = reorder(state, live)
+            beams, tokens, sum_log_probs = beams.take(live), tokens[live], sum_log_probs[live]
+        beams = beams.extend(tokens, sum_log_probs)
+    return results  # type: ignore[return-value]  # every sentence ends by its max length
+
+
+def beam_search(
+    step: StepFn,
+    state: State,
+    reorder: ReorderFn,
+    *,
+    batch_size: int,
+    beam_size: int,
+    bos_id: int,
+    eos_id: int,
+    max_lens: Tensor,
+    length_penalty: float = 0.6,
+    min_len: int = 0,
+    nbest: int = 1,
+    no_repeat_ngram_size: int = 0,
+) -> list[list[Hypothesis]]:
+    """Beam search for B sentences at once.
+
+    Each step, every live sentence ranks the 2 * beam_size best extensions of its beams by
+    log-probability. Those ending in EOS among the first beam_size are finished (as fairseq: an
+    EOS ranked lower would not have made the beam); the best beam_size not ending in EOS stay
+    live. A sentence keeps its nbest best finished hypotheses by GNMT score and stops at its max
+    length or as soon as no live hypothesis can beat the worst of them (`_sentences_done`).
+    With length_penalty 0, beam_size 1 is greedy search exactly.
+
+    Args:
+        step, state, reorder: as in the module docstring; state holds B rows (one per sentence).
+        batch_size: B.
+        beam_size: live hypotheses per sentence.
+        bos_id, eos_id: the first token fed; the token that ends a hypothesis.
+        max_lens: (B,) long, the most tokens of each sentence's output (EOS not counted), on
+            the device of the step's tensors.
+        length_penalty: GNMT's alpha; 0 ranks by log-probability.
+        min_len: EOS is forbidden before this many tokens.
+        nbest: hypotheses returned per sentence, at most beam_size.
+        no_repeat_ngram_size: n > 0 forbids repeating any n-gram within a hypothesis.
+
+    Returns:
+        For each sentence in input order, up to nbest hypotheses, best score first (fewer only
+        when max_len leaves fewer possible outputs).
+    """
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"need 1 <= nbest <= beam_size, got nbest {nbest}, beam {beam_size}")
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+    beams = _initial_beams(batch_size, max_lens.device)
+    tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=max_lens.device)
+    k = 1  # rows per live sentence: one before the first step, then up to beam_size
+    for t in itertools.count():
+        log_probs, state = step(tokens, state)  # (N, V)
+        log_probs = _restrict_length(log_probs, t, max_lens[beams.sentence], eos_id, min_len)
+        log_probs = _ban_repeated_ngrams(log_probs, beams.tokens, no_repeat_ngram_size)
+        top, rows, words = _best_extensions(log_probs, beams.log_probs, k, 2 * beam_size)
+        is_eos = words == eos_id  # (B', C)
+
+        ends = is_eos[:, :beam_size] & top[:, :beam_size].isfinite()  # (B', <=beam)
+        if ends.any():
+            _add_finished(finished, beams, ends, top, rows, length_penalty, nbest)
+
+        # At most k candidates end in EOS (one per row), so C - k of them do not.
+        k_next = min(beam_size, top.size(1) - k)
+        live = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :k_next]  # (B', k')
+        live_scores = top.gather(1, live)  # (B', k'), best first
+        sentences = beams.sentence[::k]  # (B',)
+        done = _sentences_done(
+            finished, sentences, live_scores[:, 0], t, max_lens, length_penalty, nbest
+        )  # (B',)
+        if done.all():
+            break
+        keep = (~done).nonzero().squeeze(1)  # (B'',)
+        index = rows.gather(1, live)[keep].flatten()  # (B'' k',)
+        tokens = words.gather(1, live)[keep].flatten()  # (B'' k',)
+        beams = beams.take(index).extend(tokens, live_scores[keep].flatten())
+        state = reorder(state, index)
+        k = k_next
+    return finished
+
+
+def _best_extensions(
+    log_probs: Tensor, beam_log_probs: Tensor, k: int, n: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The n best one-token extensions of each live sentence's k beams.
+
+    Shape: log_probs (N, V) of the next token, beam_log_probs (N,) -> three (B', C) tensors,
+    C = min(n, k V), best first: the extension's log-probability, the row it extends, its token.
+    """
+    N, V = log_probs.shape
+    scores = (beam_log_probs[:, None] + log_probs).view(N // k, k * V)  # (B', k V)
+    top, flat = scores.topk(min(n, k * V), dim=1)  # (B', C)
+    first_row = torch.arange(0, N, k, device=flat.device)[:, None]  # (B', 1)
+    return top, first_row + flat // V, flat % V
+
+
+def _add_finished(
+    finished: list[list[Hypothesis]],
+    beams: Beams,
+    ends: Tensor,
+    top: Tensor,
+    rows: Tensor,
+    alpha: float,
+    nbest: int,
+) -> None:
+    """Put the candidates marked in ends (B', C') into their sentence's n-best list."""
+    where = ends.nonzero()  # (M, 2): live sentence, candidate
+    sentence, candidate = where[:, 0], where[:, 1]
+    for b, prefix, log_prob in zip(
+        beams.sentence[rows[sentence, candidate]].tolist(),
+        beams.tokens[rows[sentence, candidate]].tolist(),
+        top[sentence, candidate].tolist(),
+        strict=True,
+    ):
+        score = log_prob / gnmt_length_penalty(len(prefix) + 1, alpha)  # |Y| counts EOS
+        hyps = finished[b]
+        hyps.append(Hypothesis(prefix, score, log_prob))
+        hyps.sort(key=lambda h: h.score, reverse=True)  # stable: earlier ones win ties
+        del hyps[nbest:]
+
+
+def _sentences_done(
+    finished: list[list[Hypothesis]],
+    sentences: Tensor,
+    best_live: Tensor,
+    t: int,
+    max_lens: Tensor,
+    alpha: float,
+    nbest: int,
+) -> Tensor:
+    """Which live sentences (B',) stop after step t; best_live (B',) is each one's best log-prob.
+
+    A sentence stops at its max length, or once it holds nbest finished hypotheses and the best
+    score any live one could still reach is no better than the worst of them. A live hypothesis
+    has t + 1 tokens; finished, its |Y| lies between t + 2 and max_len + 1. Its log-probability
+    can only fall (every step adds a log-probability <= 0), so its score is at most
+    best_live / lp(|Y|) at the |Y| where lp is largest: max_len + 1 for alpha >= 0 (lp grows with
+    length), t + 2 for alpha < 0. With alpha = 0 this is "the best live log-prob is no better".
+    """
+    sentence_max_lens = max_lens[sentences]  # (B',)
+    if alpha >= 0:
+        best_length = sentence_max_lens + 1
+    else:
+        best_length = torch.full_like(sentence_max_lens, t + 2)
+    bound = best_live / gnmt_length_penalty(best_length, alpha)  # (B',)
+    done = []
+    for b, best_possible, max_len in zip(
+        sentences.tolist(), bound.tolist(), sentence_max_lens.tolist(), strict=True
+    ):
+        hyps = finished[b]
+        done.append(t >= max_len or (len(hyps) >= nbest and best_possible <= hyps[-1].score))
+    return torch.tensor(done, device=sentences.device)

@@ -1,0 +1,479 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) for translation.
+
+Batch first; dims are B (batch), S (source), T (target), D (d_model), H (heads), V (vocabulary).
+Masks follow nn.Transformer: src_pad_mask (B, S) and tgt_pad_mask (B, T) are bool, True = padding;
+the causal mask is (T, T) bool, True = blocked. Layers reuse torch's module names, so the state
+dict of `Transformer.encoder` / `.decoder` loads as it is into `nn.TransformerEncoder` /
+`nn.TransformerDecoder` (batch_first=True; norm=None for Post-LN, norm=LayerNorm for Pre-LN).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.attention import CrossAttention, KVCache, MultiheadAttention, SelfAttention
+
+TIE_EMBEDDINGS = ("none", "decoder", "all")
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    dropout: float = 0.1  # residual, embeddings (paper's P_drop)
+    attention_dropout: float = 0.1  # on attention probabilities (torch applies `dropout` there too)
+    activation_dropout: float = 0.1  # after the FFN ReLU (as torch)
+    norm_first: bool = False  # Pre-LN option; Post-LN default
+    tie_embeddings: str = "all"  # "none" | "decoder" (tgt embedding = generator) | "all"
+    max_positions: int = 1024
+
+
+def count_parameters(config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> int:
+    """The number of parameters of `Transformer(config, src_vocab_size, tgt_vocab_size, pad)`."""
+    D, F = config.d_model, config.d_ff
+    attention = 4 * D * D + 4 * D  # W_q, W_k, W_v, W_o and their biases
+    feed_forward = 2 * D * F + F + D
+    layer_norm = 2 * D
+    encoder_layer = attention + feed_forward + 2 * layer_norm
+    decoder_layer = 2 * attention + feed_forward + 3 * layer_norm
+    final_norms = 2 * layer_norm if config.norm_first else 0
+    embeddings = {
+        "none": (src_vocab_size + 2 * tgt_vocab_size) * D,  # source, target, generator
+        "decoder": (src_vocab_size + tgt_vocab_size) * D,
+        "all": tgt_vocab_size * D,
+    }[config.tie_embeddings]
+    return (
+        config.n_encoder_layers * encoder_layer
+        + config.n_decoder_layers * decoder_layer
+        + final_norms
+        + embeddings
+    )
+
+
+def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
+    """Paper section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(same).
+
+    Shape: -> (n_positions, D), float32.
+    """
+    position = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (D/2,)
+    angles = position * inv_freq  # (P, D/2)
+    pe = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (P, D/2, 2)
+    return pe.reshape(n_positions, d_model).float()  # (P, D): sin, cos, sin, cos, ...
+
+
+def causal_mask(size: int, device: torch.device | None = None) -> Tensor:
+    """(T, T) bool, True = blocked: position i may not attend to j > i."""
+    return torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
+
+
+class Embedding(nn.Module):
+    """Token embedding x sqrt(D) (section 3.4) + sinusoidal positions (3.5), then dropout (5.4)."""
+
+    def __init__(
+        self, vocab_size: int, d_model: int, pad_id: int, max_positions: int, dropout: float
+    ):
+        super().__init__()
+        self.token = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.scale = math.sqrt(d_model)
+        self.max_positions = max_positions
+        pe = sinusoidal_positions(max_positions, d_model)
+        self.register_buffer("positions", pe, persistent=False)  # (P, D), not in checkpoints
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+        """Embed ids (B, T) at positions start .. start + T - 1 -> (B, T, D)."""
+        end = start + ids.size(1)
+        if end > self.max_positions:
+            raise ValueError(f"position {end - 1} is beyond max_positions {self.max_positions}")
+        x = self.token(ids) * self.scale + self.positions[start:end]
+        return self.dropout(x)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention and feed-forward sub-layers (section 3.1), torch's names and numbers.
+
+    Post-LN (the paper): x = norm(x + dropout(sublayer(x))).
+    Pre-LN: x = x + dropout(sublayer(norm(x))), and the stack ends in one more norm.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        D = config.d_model
+        self.self_attn = SelfAttention(D, config.n_heads, config.attention_dropout)
+        self.linear1 = nn.Linear(D, config.d_ff)
+        self.dropout = nn.Dropout(config.activation_dropout)  # after the ReLU
+        self.linear2 = nn.Linear(config.d_ff, D)
+        self.norm_first = config.norm_first
+        self.norm1 = nn.LayerNorm(D, eps=1e-5)
+        self.norm2 = nn.LayerNorm(D, eps=1e-5)
+        self.dropout1 = nn.Dropout(config.dropout)
+        self.dropout2 = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, src_pad_mask: Tensor | None) -> Tensor:
+        """x (B, S, D), src_pad_mask (B, S) True = padding -> (B, S, D)."""
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), src_pad_mask)
+            x = x + self._ff_block(self.norm2(x))
+        else:
+            x = self.norm1(x + self._sa_block(x, src_pad_mask))
+            x = self.norm2(x + self._ff_block(x))
+        return x
+
+    def _sa_block(self, x: Tensor, src_pad_mask: Tensor | None) -> Tensor:
+        return self.dropout1(self.self_attn(x, key_pad_mask=src_pad_mask))
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+        return self.dropout2(self.linear2(self.dropout(F.relu(self.linear1(x)))))
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention and feed-forward sub-layers (section 3.1)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        D = config.d_model
+        self.self_attn = SelfAttention(D, config.n_heads, config.attention_dropout)
+        self.multihead_attn = CrossAttention(D, config.n_heads, config.attention_dropout)
+        self.linear1 = nn.Linear(D, config.d_ff)
+        self.dropout = nn.Dropout(config.activation_dropout)  # after the ReLU
+        self.linear2 = nn.Linear(config.d_ff, D)
+        self.norm_first = config.norm_first
+        self.norm1 = nn.LayerNorm(D, eps=1e-5)
+        self.norm2 = nn.LayerNorm(D, eps=1e-5)
+        self.norm3 = nn.LayerNorm(D, eps=1e-5)
+        self.dropout1 = nn.Dropout(config.dropout)
+        self.dropout2 = nn.Dropout(config.dropout)
+        self.dropout3 = nn.Dropout(config.dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory_kv: KVCache,
+        src_pad_mask: Tensor | None,
+        tgt_pad_mask: Tensor | None = None,
+        causal: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """One decoder layer over a whole target sequence, or over one new position with a cache.
+
+        Args:
+            x: (B, T, D) target states; T = 1 when decoding step by step.
+            memory_kv: keys and values of the encoder output for `multihead_attn`, (B, H, S, D/H).
+            src_pad_mask: (B, S) True = padding.
+            tgt_pad_mask: (B, T) True = padding (as torch's tgt_key_padding_mask), or None.
+            causal: (T, T) True = blocked, or None when stepping (the cache holds only the past).
+            cache: self-attention keys and values of earlier positions; x's are appended.
+
+        Returns:
+            (B, T, D)
+        """
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), tgt_pad_mask, causal, cache)
+            x = x + self._mha_block(self.norm2(x), memory_kv, src_pad_mask)
+            x = x + self._ff_block(self.norm3(x))
+        else:
+            x = self.norm1(x + self._sa_block(x, tgt_pad_mask, causal, cache))
+            x = self.norm2(x + self._mha_block(x, memory_kv, src_pad_mask))
+            x = self.norm3(x + self._ff_block(x))
+        return x
+
+    def cross_attention(
+        self,
+        x: Tensor,
+        memory_kv: KVCache,
+        src_pad_mask: Tensor | None,
+        tgt_pad_mask: Tensor | None,
+        causal: Tensor,
+    ) -> Tensor:
+        """This layer's cross-attention probabilities for its input x (B, T, D) -> (B, H, T, S)."""
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), tgt_pad_mask, causal, None)
+            return self.multihead_attn.probabilities(self.norm2(x), memory_kv, src_pad_mask)
+        x = self.norm1(x + self._sa_block(x, tgt_pad_mask, causal, None))
+        return self.multihead_attn.probabilities(x, memory_kv, src_pad_mask)
+
+    def _sa_block(
+        self, x: Tensor, tgt_pad_mask: Tensor | None, causal: Tensor | None, cache: KVCache | None
+    ) -> Tensor:
+        return self.dropout1(self.self_attn(x, tgt_pad_mask, causal, cache))
+
+    def _mha_block(self, x: Tensor, memory_kv: KVCache, src_pad_mask: Tensor | None) -> Tensor:
+        return self.dropout2(self.multihead_attn(x, memory_kv, src_pad_mask))
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+        return self.dropout3(self.linear2(self.dropout(F.relu(self.linear1(x)))))
+
+
+def _final_norm(config: ModelConfig) -> nn.LayerNorm | None:
+    # A Post-LN stack already ends in a norm; Pre-LN needs one more (as torch's `norm=`).
+    return nn.LayerNorm(config.d_model, eps=1e-5) if config.norm_first else None
+
+
+class Encoder(nn.Module):
+    """The stack of encoder layers, named as nn.TransformerEncoder (`layers`, `norm`)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
+        self.norm = _final_norm(config)
+
+    def forward(self, x: Tensor, src_pad_mask: Tensor | None) -> Tensor:
+        """x (B, S, D), src_pad_mask (B, S) True = padding -> (B, S, D)."""
+        for layer in self.layers:
+            x = layer(x, src_pad_mask)
+        return x if self.norm is None else self.norm(x)
+
+
+class Decoder(nn.Module):
+    """The stack of decoder layers, named as nn.TransformerDecoder (`layers`, `norm`)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
+        self.norm = _final_norm(config)
+
+    def project_memory(self, memory: Tensor) -> list[KVCache]:
+        """Every layer's cross-attention keys and values of memory (B, S, D): (B, H, S, D/H)."""
+        return [layer.multihead_attn.project_memory(memory) for layer in self.layers]
+
+    def forward(
+        self,
+        x: Tensor,
+        memory_kv: list[KVCache],
+        src_pad_mask: Tensor | None,
+        tgt_pad_mask: Tensor | None = None,
+        causal: Tensor | None = None,
+        caches: list[KVCache] | None = None,
+    ) -> Tensor:
+        """Embedded targets x (B, T, D) -> (B, T, D); arguments as `DecoderLayer.forward`."""
+        caches = caches if caches is not None else [None] * len(self.layers)
+        for layer, kv, cache in zip(self.layers, memory_kv, caches, strict=True):
+            x = layer(x, kv, src_pad_mask, tgt_pad_mask, causal, cache)
+        return x if self.norm is None else self.norm(x)
+
+    def cross_attention(
+        self,
+        x: Tensor,
+        memory_kv: list[KVCache],
+        src_pad_mask: Tensor | None,
+        tgt_pad_mask: Tensor | None,
+        causal: Tensor,
+    ) -> Tensor:
+        """Each layer's cross-attention probabilities, x (B, T, D) -> (L, B, H, T, S)."""
+        probabilities = []
+        for layer, kv in zip(self.layers, memory_kv, strict=True):
+            probabilities.append(layer.cross_attention(x, kv, src_pad_mask, tgt_pad_mask, causal))
+            x = layer(x, kv, src_pad_mask, tgt_pad_mask, causal)
+        return torch.stack(probabilities)
+
+
+@dataclass
+class DecoderCache:
+    """What `Transformer.decode_step` keeps between steps, for N rows (sentences x beams)."""
+
+    self_attn: list[KVCache]  # per layer, the fed tokens' keys/values, (N, H, t, D/H) each
+    cross_attn: list[KVCache]  # per layer, the source's keys/values, (N, H, S, D/H) each
+    src_pad_mask: Tensor  # (N, S) True = padding
+    step: int = 0  # tokens fed so far = position of the next one
+
+    def reorder(self, index: Tensor) -> DecoderCache:
+        """Row i of the result is row index[i] of this cache; index (N',) long."""
+        return DecoderCache(
+            self_attn=[kv.reorder(index) for kv in self.self_attn],
+            cross_attn=[kv.reorder(index) for kv in self.cross_attn],
+            src_pad_mask=self.src_pad_mask.index_select(0, index),
+            step=self.step,
+        )
+
+
+@dataclass
+class PrefixState:
+    """What `Transformer.decode_step_uncached` keeps: the whole prefix, decoded again each step."""
+
+    memory: Tensor  # (N, S, D)
+    src_pad_mask: Tensor  # (N, S) True = padding
+    tokens: Tensor  # (N, t) tokens fed so far
+
+    def reorder(self, index: Tensor) -> PrefixState:
+        """Row i of the result is row index[i] of this state; index (N',) long."""
+        return PrefixState(
+            memory=self.memory.index_select(0, index),
+            src_pad_mask=self.src_pad_mask.index_select(0, index),
+            tokens=self.tokens.index_select(0, index),
+        )
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer with a generator (the output projection).
+
+    Initialisation follows fairseq's `transformer`: xavier_uniform on every projection (attention,
+    feed-forward) with zero biases; embeddings normal(0, D^-0.5) with the pad row zeroed, so the
+    scaled embedding x sqrt(D) has unit variance; an untied generator also normal(0, D^-0.5).
+    LayerNorms start at weight 1, bias 0.
+
+    Args:
+        config: the architecture.
+        src_vocab_size, tgt_vocab_size: vocabulary sizes (equal when tie_embeddings is "all").
+        pad_id: the padding id of both vocabularies.
+    """
+
+    def __init__(self, config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int):
+        super().__init__()
+        tie = config.tie_embeddings
+        if tie not in TIE_EMBEDDINGS:
+            raise ValueError(f"tie_embeddings must be one of {TIE_EMBEDDINGS}, not {tie!r}")
+        if tie == "all" and src_vocab_size != tgt_vocab_size:
+            raise ValueError(
+                f'tie_embeddings "all" needs one joint vocabulary, got source {src_vocab_size} '
+                f"and target {tgt_vocab_size}"
+            )
+        self.config = config
+        self.pad_id = pad_id
+        D = config.d_model
+
+        def embedding(vocab_size: int) -> Embedding:
+            return Embedding(vocab_size, D, pad_id, config.max_positions, config.dropout)
+
+        self.src_embed = embedding(src_vocab_size)
+        self.tgt_embed = self.src_embed if tie == "all" else embedding(tgt_vocab_size)
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+        self.generator = nn.Linear(D, tgt_vocab_size, bias=False)
+        self._init_weights()
+        if tie != "none":  # section 3.4: the embeddings share the pre-softmax projection's matrix
+            self.generator.weight = self.tgt_embed.token.weight
+
+    def _init_weights(self) -> None:
+        std = self.config.d_model**-0.5
+        for module in self.modules():
+            if isinstance(module, MultiheadAttention):
+                module.reset_parameters()
+            elif isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                with torch.no_grad():
+                    module.weight[self.pad_id].zero_()
+        nn.init.normal_(self.generator.weight, mean=0.0, std=std)
+
+    def num_parameters(self) -> int:
+        """The number of distinct parameters (tied matrices count once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def encode(self, src: Tensor, src_pad_mask: Tensor) -> Tensor:
+        """Source ids src (B, S), src_pad_mask (B, S) True = padding -> memory (B, S, D)."""
+        return self.encoder(self.src_embed(src), src_pad_mask)
+
+    def decode(
+        self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor, tgt_pad_mask: Tensor | None
+    ) -> Tensor:
+        """Teacher-forced decoding of a whole target sequence, the causal mask built here.
+
+        Args:
+            tgt_in: (B, T) target ids, BOS first.
+            memory: (B, S, D) from `encode`.
+            src_pad_mask: (B, S) True = padding.
+            tgt_pad_mask: (B, T) True = padding, or None when there is none.
+
+        Returns:
+            hidden states (B, T, D); `project` turns them into logits.
+        """
+        causal = causal_mask(tgt_in.size(1), tgt_in.device)  # (T, T)
+        memory_kv = self.decoder.project_memory(memory)
+        return self.decoder(self.tgt_embed(tgt_in), memory_kv, src_pad_mask, tgt_pad_mask, causal)
+
+    def project(self, hidden: Tensor) -> Tensor:
+        """The generator: hidden (..., D) -> logits (..., V)."""
+        return self.generator(hidden)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt_in: Tensor,
+        src_pad_mask: Tensor,
+        tgt_pad_mask: Tensor | None,
+        keep: Tensor | None = None,
+    ) -> Tensor:
+        """Logits of the next target token; arguments as `decode`.
+
+        Args:
+            keep: (B, T) bool, or None. Training passes ~tgt_pad_mask, so that the generator,
+                the largest matmul of the model, is never run on padding.
+
+        Returns:
+            (B, T, V) logits at every position, or (N, V) at the N positions where `keep` is
+            True, in row-major order (as `tgt_out[keep]`).
+        """
+        memory = self.encode(src, src_pad_mask)
+        hidden = self.decode(tgt_in, memory, src_pad_mask, tgt_pad_mask)  # (B, T, D)
+        if keep is not None:
+            hidden = hidden[keep]  # (N, D)
+        return self.project(hidden)
+
+    def cross_attention(
+        self, src: Tensor, tgt_in: Tensor, src_pad_mask: Tensor, tgt_pad_mask: Tensor | None
+    ) -> Tensor:
+        """Teacher-forced cross-attention probabilities of every decoder layer, for inspection.
+
+        Shape: src (B, S), tgt_in (B, T), masks (B, S), (B, T) -> (L, B, H, T, S), rows sum to 1,
+        zero on source padding.
+        """
+        memory = self.encode(src, src_pad_mask)
+        memory_kv = self.decoder.project_memory(memory)
+        causal = causal_mask(tgt_in.size(1), tgt_in.device)  # (T, T)
+        x = self.tgt_embed(tgt_in)
+        return self.decoder.cross_attention(x, memory_kv, src_pad_mask, tgt_pad_mask, causal)
+
+    def init_cache(self, memory: Tensor, src_pad_mask: Tensor) -> DecoderCache:
+        """The cache for `decode_step`: the cross-attention keys and values are computed here, once.
+
+        Shape: memory (N, S, D), src_pad_mask (N, S).
+        """
+        N = memory.size(0)
+        n_heads = self.config.n_heads
+        empty = memory.new_zeros(N, n_heads, 0, self.config.d_model // n_heads)  # (N, H, 0, D/H)
+        return DecoderCache(
+            self_attn=[KVCache(empty, empty) for _ in self.decoder.layers],
+            cross_attn=self.decoder.project_memory(memory),
+            src_pad_mask=src_pad_mask,
+        )
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """Feed one token per row, the logits of the next; O(t) work at step t.
+
+        Only the new token goes through the layers: it attends to the cached keys and values of
+        the earlier ones, and its own are appended to `cache`, whose step count gives its position.
+
+        Shape: tokens (N,) long -> logits (N, V).
+        """
+        x = self.tgt_embed(tokens[:, None], start=cache.step)  # (N, 1, D)
+        x = self.decoder(x, cache.cross_attn, cache.src_pad_mask, caches=cache.self_attn)
+        cache.step += 1
+        return self.project(x[:, 0])  # (N, V)
+
+    def init_prefix_state(self, memory: Tensor, src_pad_mask: Tensor) -> PrefixState:
+        """The state for `decode_step_uncached`; shapes as `init_cache`."""
+        tokens = src_pad_mask.new_zeros(memory.size(0), 0, dtype=torch.long)  # (N, 0)
+        return PrefixState(memory, src_pad_mask, tokens)
+
+    def decode_step_uncached(self, tokens: Tensor, state: PrefixState) -> Tensor:
+        """`decode_step` without a cache: decodes the whole prefix again (O(t^2)), for tests.
+
+        Shape: tokens (N,) long -> logits (N, V).
+        """
+        state.tokens = torch.cat([state.tokens, tokens[:, None]], dim=1)  # (N, t + 1)
+        hidden = self.decode(state.tokens, state.memory, state.src_pad_mask, None)  # (N, t+1, D)
+        return self.project(hidden[:, -1])  # (N, V)

@@ -1,0 +1,272 @@
+"""Padding, shifted targets, token-budget bucketing, rank split and exact resume."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from data.batching import (
+    BatchIterator,
+    RaggedIds,
+    batch_by_tokens,
+    causal_mask,
+    collate,
+)
+
+# Deliberately not 0/2/3: nothing here may assume the tokenizer's values.
+PAD, BOS, EOS = 7, 5, 6
+IDS = {"pad_id": PAD, "bos_id": BOS, "eos_id": EOS}
+
+
+def corpus(n: int, seed: int = 0, max_len: int = 30) -> tuple[list[list[int]], list[list[int]]]:
+    """`n` random pairs of correlated lengths; token ids >= 10 never collide with specials."""
+    rng = np.random.default_rng(seed)
+    src_lens = rng.integers(1, max_len, size=n)
+    tgt_lens = np.clip(src_lens + rng.integers(-3, 4, size=n), 1, None)
+    src = [rng.integers(10, 100, size=k).tolist() for k in src_lens]
+    tgt = [rng.integers(10, 100, size=k).tolist() for k in tgt_lens]
+    return src, tgt
+
+
+def assert_within_budget(batch, max_tokens: int, max_sentences: int | None = None) -> None:
+    n = batch.src.shape[0]
+    if n > 1:  # a lone example over the budget gets a batch of its own
+        assert batch.src.numel() <= max_tokens
+        assert batch.tgt_in.numel() <= max_tokens
+    if max_sentences:
+        assert n <= max_sentences
+
+
+def assert_consistent(batch, src, tgt) -> None:
+    """The batch holds exactly examples `batch.indices`, padded, shifted and masked right."""
+    for row, index in enumerate(batch.indices):
+        s, t = src[index], tgt[index]
+        assert batch.src[row, : len(s)].tolist() == s
+        assert batch.src_pad_mask[row].tolist() == [i >= len(s) for i in range(batch.src.shape[1])]
+        assert (batch.src[row][batch.src_pad_mask[row]] == PAD).all()
+        assert batch.tgt_in[row, : len(t) + 1].tolist() == [BOS, *t]
+        assert batch.tgt_out[row, : len(t) + 1].tolist() == [*t, EOS]
+        width = batch.tgt_in.shape[1]
+        assert batch.tgt_pad_mask[row].tolist() == [i > len(t) for i in range(width)]
+        assert (batch.tgt_in[row][batch.tgt_pad_mask[row]] == PAD).all()
+        assert (batch.tgt_out[row][batch.tgt_pad_mask[row]] == PAD).all()
+    assert batch.n_src_tokens == int((~batch.src_pad_mask).sum())
+    assert batch.n_tgt_tokens == int((~batch.tgt_pad_mask).sum())
+
+
+# --- collate ----------------------------------------------------------------------------------
+
+
+def test_collate_pads_shifts_and_masks():
+    batch = collate([[11, 12, 13], [14]], [[21], [22, 23]], indices=[4, 9], **IDS)
+    assert batch.src.tolist() == [[11, 12, 13], [14, PAD, PAD]]
+    assert batch.tgt_in.tolist() == [[BOS, 21, PAD], [BOS, 22, 23]]
+    assert batch.tgt_out.tolist() == [[21, EOS, PAD], [22, 23, EOS]]
+    assert batch.src_pad_mask.tolist() == [[False, False, False], [False, True, True]]
+    assert batch.tgt_pad_mask.tolist() == [[False, False, True], [False, False, False]]
+    assert (batch.n_src_tokens, batch.n_tgt_tokens, batch.indices) == (4, 5, [4, 9])
+    assert batch.src.dtype == batch.tgt_in.dtype == torch.long
+    assert batch.src_pad_mask.dtype == torch.bool
+    # tgt_in and tgt_out are the same sequence shifted by one.
+    keep = ~batch.tgt_pad_mask[:, 1:]
+    assert torch.equal(batch.tgt_in[:, 1:][keep], batch.tgt_out[:, :-1][keep])
+
+
+def test_collate_without_targets_for_inference():
+    batch = collate([[11, 12], [13]], None, indices=[0, 1], **IDS)
+    assert batch.tgt_in.shape == batch.tgt_out.shape == batch.tgt_pad_mask.shape == (2, 0)
+    assert batch.n_tgt_tokens == 0
+    assert batch.to("cpu").src.tolist() == [[11, 12], [13, PAD]]
+
+
+def test_causal_mask_blocks_the_future():
+    assert causal_mask(3).tolist() == [
+        [False, True, True],
+        [False, False, True],
+        [False, False, False],
+    ]
+
+
+def test_batch_by_tokens_sorts_covers_and_keeps_the_budget():
+    lens = [5, 1, 9, 3, 3, 7, 2, 40]
+    batches = batch_by_tokens(lens, None, max_tokens=10, max_sentences=3)
+    assert sorted(i for b in batches for i in b) == list(range(len(lens)))
+    flat = [i for b in batches for i in b]
+    assert [lens[i] for i in flat] == sorted(lens)
+    assert flat.index(3) < flat.index(4)  # ties keep input order
+    for b in batches:
+        assert len(b) <= 3
+        assert len(b) == 1 or len(b) * max(lens[i] for i in b) <= 10
+    assert [7] in batches  # over the budget alone: a batch of its own
+
+
+# --- BatchIterator ----------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    per_rank=st.integers(1, 20),
+    max_tokens=st.integers(8, 120),
+    max_sentences=st.one_of(st.none(), st.integers(1, 8)),
+    world_size=st.integers(1, 3),
+    seed=st.integers(0, 3),
+    pool_batches=st.integers(1, 5),
+)
+def test_every_example_once_per_epoch_within_budget(
+    per_rank, max_tokens, max_sentences, world_size, seed, pool_batches
+):
+    n = per_rank * world_size  # else single-example batches may not share out evenly
+    src, tgt = corpus(n, seed)
+    ranks = [
+        BatchIterator(
+            src,
+            tgt,
+            max_tokens=max_tokens,
+            max_sentences=max_sentences,
+            seed=seed,
+            pool_batches=pool_batches,
+            rank=rank,
+            world_size=world_size,
+            **IDS,
+        )
+        for rank in range(world_size)
+    ]
+    for epoch in range(2):
+        lengths = [len(iterator) for iterator in ranks]
+        shares = [list(iterator) for iterator in ranks]
+        assert [len(share) for share in shares] == lengths
+        assert len(set(lengths)) == 1, "every rank gets the same number of batches"
+        seen = []
+        for batch in (batch for share in shares for batch in share):
+            assert_within_budget(batch, max_tokens, max_sentences)
+            assert_consistent(batch, src, tgt)
+            seen += batch.indices
+        assert sorted(seen) == list(range(n)), "disjoint, and together the whole epoch"
+        assert all((it.epoch, it.position) == (epoch + 1, 0) for it in ranks)
+
+
+def make_iterator(src, tgt, **kwargs) -> BatchIterator:
+    settings_ = {"max_tokens": 64, "seed": 1, "pool_batches": 4, **IDS, **kwargs}
+    return BatchIterator(src, tgt, **settings_)
+
+
+def indices_of(batches) -> list[list[int]]:
+    return [batch.indices for batch in batches]
+
+
+def test_same_seed_same_batches_other_epoch_or_seed_other_batches():
+    src, tgt = corpus(300)
+    first = make_iterator(src, tgt)
+    epoch0, epoch1 = indices_of(first), indices_of(first)
+    assert indices_of(make_iterator(src, tgt)) == epoch0
+    assert epoch1 != epoch0
+    assert sorted(map(sorted, epoch1)) != sorted(map(sorted, epoch0)), "new batches, not only order"
+    assert indices_of(make_iterator(src, tgt, seed=2)) != epoch0
+
+
+def test_unshuffled_iteration_is_one_sorted_pass():
+    src, tgt = corpus(100)
+    iterator = make_iterator(src, tgt, shuffle=False, pool_batches=10**6)
+    order = [i for b in iterator.epoch_indices() for i in b]
+    widths = [max(len(src[i]), len(tgt[i]) + 1) for i in order]
+    assert widths == sorted(widths)
+    assert iterator.epoch_indices(5) == iterator.epoch_indices(0)
+
+
+def test_restored_iterator_continues_exactly_where_it_stopped():
+    src, tgt = corpus(200)
+    reference = make_iterator(src, tgt)
+    expected = indices_of(reference) + indices_of(reference)  # two whole epochs
+    per_epoch = len(expected) // 2
+
+    stopped = make_iterator(src, tgt)
+    seen = []
+    for batch in stopped:
+        seen.append(batch.indices)
+        if len(seen) == per_epoch // 2:
+            break
+    state = stopped.state_dict()
+    assert (state["epoch"], state["position"]) == (0, per_epoch // 2)
+
+    resumed = make_iterator(src, tgt)
+    resumed.load_state_dict(state)
+    seen += indices_of(resumed) + indices_of(resumed)
+    assert seen[: len(expected)] == expected
+
+
+def test_state_at_the_end_of_an_epoch_points_at_the_next():
+    src, tgt = corpus(50)
+    iterator = make_iterator(src, tgt)
+    *_, last = iter(iterator)  # exhausts epoch 0 and rolls over
+    assert (iterator.epoch, iterator.position) == (1, 0)
+
+    stopped = make_iterator(src, tgt)
+    for count, _ in enumerate(stopped, start=1):
+        if count == len(stopped):
+            break  # stopped right after the last batch, before the generator rolled over
+    assert (stopped.state_dict()["epoch"], stopped.state_dict()["position"]) == (1, 0)
+    assert indices_of(stopped) == indices_of(iterator)  # the next iteration is epoch 1
+
+
+def test_state_from_other_settings_is_refused():
+    src, tgt = corpus(50)
+    state = make_iterator(src, tgt).state_dict()
+    with pytest.raises(ValueError, match="max_tokens"):
+        make_iterator(src, tgt, max_tokens=32).load_state_dict(state)
+    with pytest.raises(ValueError, match="n_examples"):
+        make_iterator(src[:40], tgt[:40]).load_state_dict(state)
+
+
+def test_ranks_split_an_epoch_into_disjoint_equal_shares():
+    src, tgt = corpus(101)
+    ranks = [make_iterator(src, tgt, rank=r, world_size=3) for r in range(3)]
+    shares = [indices_of(iterator) for iterator in ranks]
+    assert len({len(share) for share in shares}) == 1
+    flat = [i for share in shares for batch in share for i in batch]
+    assert sorted(flat) == list(range(101))
+
+
+def test_too_few_examples_for_the_ranks():
+    with pytest.raises(ValueError, match="3 ranks"):
+        len(make_iterator([[11]] * 2, [[12]] * 2, world_size=3))
+
+
+def test_an_example_over_the_budget_gets_a_batch_of_its_own():
+    src = [[11] * 5, [12] * 100, [13] * 6]
+    tgt = [[21] * 5, [22] * 3, [23] * 6]
+    batches = indices_of(make_iterator(src, tgt, max_tokens=20))
+    assert [1] in batches
+    assert sorted(i for b in batches for i in b) == [0, 1, 2]
+
+
+def test_ragged_ids_round_trip():
+    rows = [[1, 2, 3], [], [4]]
+    ragged = RaggedIds.from_lists(rows)
+    assert len(ragged) == 3
+    assert [ragged[i].tolist() for i in range(3)] == rows
+    assert ragged.lengths().tolist() == [3, 0, 1]
+
+
+def test_padding_efficiency_on_the_bundled_corpus():
+    """Bucketing keeps most of each batch real tokens (here word counts stand in for pieces)."""
+    from data.corpus import load_corpus
+
+    ds = load_corpus("bundled:bible-es-en/train", "es", "en")
+    src = lengths_only([len(text.split()) for text in ds["src"]])
+    tgt = lengths_only([len(text.split()) for text in ds["tgt"]])
+    iterator = BatchIterator(src, tgt, max_tokens=4096, **IDS)
+    s_len, t_len = src.lengths(), tgt.lengths() + 1
+    real = padded = 0
+    for rows in iterator.epoch_indices():
+        real += s_len[rows].sum() + t_len[rows].sum()
+        padded += len(rows) * (s_len[rows].max() + t_len[rows].max())
+    assert real / padded >= 0.9
+
+
+def lengths_only(lengths: list[int]) -> RaggedIds:
+    """Rows of the given lengths (all zeros): enough to plan batches."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return RaggedIds(np.zeros(offsets[-1], dtype=np.int64), offsets)

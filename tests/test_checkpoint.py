@@ -1,0 +1,127 @@
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from cli.average import average_state_dicts, run_average
+from cli.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_atomic
+from cli.config import TrainConfig
+from cli.optim import build_optimizer, inverse_sqrt, noam
+
+
+def test_noam_matches_the_paper_formula():
+    d, warmup = 512, 4000
+    for step in (1, 10, 3999, 4000, 4001, 100_000):
+        expected = d**-0.5 * min(step**-0.5, step * warmup**-1.5)
+        assert noam(step, d, warmup) == pytest.approx(expected, rel=1e-12)
+    # The peak is at the end of warmup.
+    assert noam(4000, d, warmup) > noam(3999, d, warmup) > noam(1, d, warmup)
+    assert noam(4000, d, warmup) > noam(4001, d, warmup)
+
+
+def test_inverse_sqrt_warms_up_linearly_then_decays():
+    assert inverse_sqrt(1, 400) == pytest.approx(1 / 400)
+    assert inverse_sqrt(200, 400) == pytest.approx(0.5)
+    assert inverse_sqrt(400, 400) == pytest.approx(1.0)
+    assert inverse_sqrt(1600, 400) == pytest.approx(0.5)
+
+
+def test_scheduler_gives_update_k_the_lr_of_step_k():
+    train = TrainConfig(lr=2e-3, schedule="inverse_sqrt", warmup_steps=4)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt, sched = build_optimizer([p], train, 16, torch.device("cpu"))
+    seen = []
+    for _ in range(6):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([2e-3 * inverse_sqrt(k, 4) for k in range(1, 7)])
+    assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-9
+
+
+def ckpt(value: float) -> dict:
+    return {
+        "format": FORMAT,
+        "model": {"w": torch.full((3,), value), "n": torch.tensor([7])},
+        "config": {},
+        "step": int(value),
+    }
+
+
+def test_save_and_load_round_trip(tmp_path):
+    save_atomic(ckpt(1.0), tmp_path / "a.pt")
+    loaded = load_checkpoint(tmp_path / "a.pt")
+    assert torch.equal(loaded["model"]["w"], torch.ones(3))
+    assert not [p for p in tmp_path.iterdir() if p.name != "a.pt"]  # no temporary left
+
+
+def test_truncated_foreign_and_missing_checkpoints_are_one_line_errors(tmp_path):
+    save_atomic(ckpt(1.0), tmp_path / "a.pt")
+    data = (tmp_path / "a.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    torch.save({"state_dict": {}}, tmp_path / "foreign.pt")
+    (tmp_path / "text.pt").write_text("hello")
+    for name, pattern in [
+        ("cut.pt", "not a readable"),
+        ("foreign.pt", "not a tf checkpoint"),
+        ("text.pt", "not a readable"),
+        ("none.pt", "no such checkpoint"),
+    ]:
+        with pytest.raises(CheckpointError, match=pattern) as e:
+            load_checkpoint(tmp_path / name)
+        assert name in str(e.value) and "\n" not in str(e.value)
+
+
+def test_kill_during_a_checkpoint_write_leaves_the_previous_one(tmp_path):
+    """SIGKILL a process in the middle of writing: the old checkpoint must still load."""
+    path = tmp_path / "last.pt"
+    save_atomic(ckpt(1.0), path)
+    child = textwrap.dedent(f"""
+        import time, torch
+        from cli.checkpoint import save_atomic
+        real_save = torch.save
+        def slow_save(obj, f):
+            f.write(b"PK" * 1000)  # part of a file, then hang as if the disk were slow
+            f.flush()
+            print("writing", flush=True)
+            time.sleep(60)
+        torch.save = slow_save
+        save_atomic({{"format": "x"}}, __import__("pathlib").Path({str(path)!r}))
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child], stdout=subprocess.PIPE, text=True, cwd=os.getcwd()
+    )
+    assert proc.stdout.readline().strip() == "writing"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    loaded = load_checkpoint(path)
+    assert torch.equal(loaded["model"]["w"], torch.ones(3))
+
+
+def test_average_of_two_checkpoints_is_their_mean(tmp_path):
+    save_atomic(ckpt(1.0), tmp_path / "a.pt")
+    save_atomic(ckpt(4.0), tmp_path / "b.pt")
+    run_average([str(tmp_path / "a.pt"), str(tmp_path / "b.pt")], 5, tmp_path / "avg.pt")
+    avg = load_checkpoint(tmp_path / "avg.pt")
+    assert torch.equal(avg["model"]["w"], torch.full((3,), 2.5))
+    assert torch.equal(avg["model"]["n"], torch.tensor([7]))
+
+
+def test_average_rejects_different_models():
+    with pytest.raises(CheckpointError, match="different parameters"):
+        average_state_dicts([{"a": torch.zeros(1)}, {"b": torch.zeros(1)}])
+
+
+def test_average_of_a_run_takes_its_last_step_checkpoints(tmp_path):
+    for step in (2, 10, 4, 6):
+        save_atomic(ckpt(float(step)), tmp_path / "checkpoints" / f"step_{step}.pt")
+    run_average([str(tmp_path)], 2, tmp_path / "avg.pt")
+    avg = load_checkpoint(tmp_path / "avg.pt")
+    assert avg["averaged_from"][-1].endswith("step_10.pt")
+    assert torch.equal(avg["model"]["w"], torch.full((3,), 8.0))  # mean of steps 6 and 10
+    assert math.isclose(avg["step"], 10)

@@ -1,0 +1,52 @@
+"""Label-smoothed cross-entropy against a hand computation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.loss import label_smoothed_cross_entropy
+
+PAD = 0
+
+
+def test_matches_a_hand_computation_and_ignores_padding():
+    # Row 0: p = (0.25, 0.5, 0.25), target 1: nll = ln 2, sum_v -log p_v = ln 2 + 2 ln 4 = 5 ln 2,
+    #   loss = 0.9 ln 2 + (0.1 / 3) 5 ln 2 = (0.9 + 1/6) ln 2 = 0.739357
+    # Row 1: p = (0.25, 0.25, 0.5), target 2: nll = ln 2, loss the same.
+    # Row 2: the target is PAD: ignored, whatever its logits.
+    logits = torch.tensor([[0.25, 0.5, 0.25], [0.25, 0.25, 0.5], [9.0, 3.0, 1.0]]).log()
+    target = torch.tensor([1, 2, PAD])
+    loss, nll = label_smoothed_cross_entropy(logits, target, epsilon=0.1, ignore_index=PAD)
+    assert loss.item() == pytest.approx(2 * 0.7393570, abs=1e-6)
+    assert nll.item() == pytest.approx(2 * math.log(2), abs=1e-6)
+
+
+def test_equals_torch_label_smoothing():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(10, 7, generator=g)
+    target = torch.randint(0, 7, (10,), generator=g)
+    loss, nll = label_smoothed_cross_entropy(logits, target, 0.1, ignore_index=PAD)
+    expected = F.cross_entropy(
+        logits, target, label_smoothing=0.1, ignore_index=PAD, reduction="sum"
+    )
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    expected_nll = F.cross_entropy(logits, target, ignore_index=PAD, reduction="sum")
+    assert nll.item() == pytest.approx(expected_nll.item(), rel=1e-6)
+
+
+def test_no_smoothing_is_the_nll_and_no_ignore_index_counts_every_row():
+    logits = torch.tensor([[0.5, 0.25, 0.25], [0.25, 0.25, 0.5]]).log()
+    loss, nll = label_smoothed_cross_entropy(logits, torch.tensor([0, 0]), epsilon=0.0)
+    assert loss.item() == pytest.approx(math.log(2) + math.log(4), abs=1e-6)
+    assert nll.item() == pytest.approx(loss.item())
+
+
+def test_float32_under_bfloat16_autocast():
+    logits = torch.randn(4, 11, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, nll = label_smoothed_cross_entropy(logits, torch.tensor([1, 2, 3, 4]), 0.1)
+    assert loss.dtype == nll.dtype == torch.float32

@@ -1,0 +1,315 @@
+"""The Transformer against torch's reference layers, its masks, its cache, tying and size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.testing import assert_close
+
+from model.search import greedy_search
+from model.transformer import ModelConfig, Transformer, causal_mask, count_parameters
+
+PAD, BOS, EOS = 0, 2, 3
+VOCAB = 40
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    sizes = dict(d_model=16, n_heads=4, d_ff=32, n_encoder_layers=2, n_decoder_layers=2)
+    no_dropout = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    return ModelConfig(**{**sizes, **no_dropout, **overrides})
+
+
+def tiny_model(seed: int = 0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(tiny_config(**overrides), VOCAB, VOCAB, PAD).eval()
+
+
+def padded_batch(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids (B, max(lengths)) right-padded with PAD, and the padding mask."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, VOCAB, (len(lengths), max(lengths)), generator=g)
+    pad_mask = torch.arange(max(lengths))[None, :] >= torch.tensor(lengths)[:, None]  # (B, L)
+    return ids.masked_fill(pad_mask, PAD), pad_mask
+
+
+def batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """src, src_pad_mask, tgt_in, tgt_pad_mask with padding in both (tgt_in starts with BOS)."""
+    src, src_pad = padded_batch([7, 4, 6], seed)
+    tgt_in, tgt_pad = padded_batch([5, 6, 3], seed + 1)
+    tgt_in[:, 0] = BOS
+    return src, src_pad, tgt_in, tgt_pad
+
+
+def torch_reference(model: Transformer) -> tuple[nn.TransformerEncoder, nn.TransformerDecoder]:
+    """torch's encoder and decoder stacks with our weights: the state dicts share every name."""
+    c = model.config
+
+    def layer(cls: type[nn.Module]) -> nn.Module:
+        return cls(
+            c.d_model, c.n_heads, c.d_ff, dropout=0.0, batch_first=True, norm_first=c.norm_first
+        )
+
+    def final_norm() -> nn.LayerNorm | None:
+        return nn.LayerNorm(c.d_model) if c.norm_first else None
+
+    encoder = nn.TransformerEncoder(
+        layer(nn.TransformerEncoderLayer),
+        c.n_encoder_layers,
+        norm=final_norm(),
+        enable_nested_tensor=False,
+    )
+    decoder = nn.TransformerDecoder(
+        layer(nn.TransformerDecoderLayer), c.n_decoder_layers, norm=final_norm()
+    )
+    encoder.load_state_dict(model.encoder.state_dict())  # strict: every name must match
+    decoder.load_state_dict(model.decoder.state_dict())
+    dtype = next(model.parameters()).dtype
+    return encoder.to(dtype).eval(), decoder.to(dtype).eval()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_matches_torch_transformer_at_real_positions(norm_first):
+    model = tiny_model(norm_first=norm_first).double()
+    encoder, decoder = torch_reference(model)
+    src, src_pad, tgt_in, tgt_pad = batch()
+    with torch.no_grad():
+        memory = model.encode(src, src_pad)
+        hidden = model.decode(tgt_in, memory, src_pad, tgt_pad)
+        ref_memory = encoder(model.src_embed(src), src_key_padding_mask=src_pad)
+        ref_hidden = decoder(
+            model.tgt_embed(tgt_in),
+            ref_memory,
+            tgt_mask=causal_mask(tgt_in.size(1)),
+            tgt_key_padding_mask=tgt_pad,
+            memory_key_padding_mask=src_pad,
+            tgt_is_causal=True,
+        )
+    assert_close(memory[~src_pad], ref_memory[~src_pad])
+    assert_close(hidden[~tgt_pad], ref_hidden[~tgt_pad])
+
+
+def test_pad_ids_change_nothing_at_real_positions():
+    model = tiny_model()
+    src, src_pad, tgt_in, tgt_pad = batch()
+    other_src = src.masked_fill(src_pad, 17)
+    other_tgt = tgt_in.masked_fill(tgt_pad, 23)
+    with torch.no_grad():
+        logits = model(src, tgt_in, src_pad, tgt_pad)
+        assert_close(model(other_src, tgt_in, src_pad, tgt_pad)[~tgt_pad], logits[~tgt_pad])
+        assert_close(model(src, other_tgt, src_pad, tgt_pad)[~tgt_pad], logits[~tgt_pad])
+
+
+def test_future_target_tokens_change_no_earlier_logit():
+    model = tiny_model()
+    src, src_pad, tgt_in, _ = batch()
+    with torch.no_grad():
+        logits = model(src, tgt_in, src_pad, None)  # (B, T, V)
+        for j in range(1, tgt_in.size(1)):
+            changed = tgt_in.clone()
+            changed[:, j] = (changed[:, j] + 1) % VOCAB
+            assert_close(model(src, changed, src_pad, None)[:, :j], logits[:, :j])
+
+
+def test_all_padding_source_gives_no_nan():
+    model = tiny_model()
+    src, src_pad, tgt_in, tgt_pad = batch()
+    src_pad[1] = True
+    with torch.no_grad():
+        assert torch.isfinite(model(src, tgt_in, src_pad, tgt_pad)).all()
+
+
+def step_by_step(model: Transformer, memory, src_pad, tokens: torch.Tensor) -> torch.Tensor:
+    """decode_step over tokens (B, T), stacked logits (B, T, V)."""
+    cache = model.init_cache(memory, src_pad)
+    return torch.stack([model.decode_step(tokens[:, t], cache) for t in range(tokens.size(1))], 1)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_decoding_equals_full_decoding(norm_first):
+    model = tiny_model(norm_first=norm_first)
+    src, src_pad, tgt_in, _ = batch()
+    with torch.no_grad():
+        memory = model.encode(src, src_pad)
+        full = model.project(model.decode(tgt_in, memory, src_pad, None))  # (B, T, V)
+        cached = step_by_step(model, memory, src_pad, tgt_in)
+    assert_close(cached, full, atol=1e-5, rtol=1e-5)
+
+
+def test_cached_decoding_after_reorder():
+    model = tiny_model()
+    src, src_pad, tgt_in, _ = batch()
+    index = torch.tensor([2, 0, 0, 1])
+    with torch.no_grad():
+        memory = model.encode(src, src_pad)
+        cache = model.init_cache(memory, src_pad)
+        for t in range(2):
+            model.decode_step(tgt_in[:, t], cache)
+        cache = cache.reorder(index)
+        reordered = tgt_in[index]
+        after = [model.decode_step(reordered[:, t], cache) for t in range(2, tgt_in.size(1))]
+        full = model.project(model.decode(reordered, memory[index], src_pad[index], None))
+    assert_close(torch.stack(after, 1), full[:, 2:], atol=1e-5, rtol=1e-5)
+
+
+def test_decode_step_under_bfloat16_autocast():
+    model = tiny_model()
+    src, src_pad, tgt_in, _ = batch()
+    with torch.no_grad():
+        full = model.project(model.decode(tgt_in, model.encode(src, src_pad), src_pad, None))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            memory = model.encode(src, src_pad)
+            cache = model.init_cache(memory, src_pad)
+            cached = [model.decode_step(tgt_in[:, t], cache) for t in range(tgt_in.size(1))]
+    assert cache.self_attn[0].keys.dtype == torch.bfloat16  # the cache holds what autocast made
+    assert_close(torch.stack(cached, 1).float(), full, atol=0.1, rtol=0.05)
+
+
+def test_dropout_only_in_training():
+    model = tiny_model(dropout=0.1, attention_dropout=0.3, activation_dropout=0.1)
+    src, src_pad, tgt_in, tgt_pad = batch()
+    with torch.no_grad():
+        assert_close(model(src, tgt_in, src_pad, tgt_pad), model(src, tgt_in, src_pad, tgt_pad))
+        model.train()
+        first, second = (model(src, tgt_in, src_pad, tgt_pad) for _ in range(2))
+    assert not torch.allclose(first, second)
+
+
+def test_uncached_step_equals_cached_step():
+    model = tiny_model()
+    src, src_pad, tgt_in, _ = batch()
+    with torch.no_grad():
+        memory = model.encode(src, src_pad)
+        state = model.init_prefix_state(memory, src_pad)
+        uncached = [model.decode_step_uncached(tgt_in[:, t], state) for t in range(tgt_in.size(1))]
+        cached = step_by_step(model, memory, src_pad, tgt_in)
+    assert_close(torch.stack(uncached, 1), cached, atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_matches_torch_weights():
+    model = tiny_model().double()
+    _, decoder = torch_reference(model)
+    src, src_pad, tgt_in, tgt_pad = batch()
+    causal = causal_mask(tgt_in.size(1))
+    with torch.no_grad():
+        probabilities = model.cross_attention(src, tgt_in, src_pad, tgt_pad)  # (L, B, H, T, S)
+        memory = model.encode(src, src_pad)
+        x = model.tgt_embed(tgt_in)
+        for layer, ours in zip(decoder.layers, probabilities, strict=True):
+            # torch's Post-LN layer: the cross-attention reads norm1(x + self-attention(x)).
+            query = layer.norm1(x + layer._sa_block(x, causal, tgt_pad))
+            _, ref = layer.multihead_attn(
+                query, memory, memory, key_padding_mask=src_pad, average_attn_weights=False
+            )
+            assert_close(ours.transpose(1, 2)[~tgt_pad], ref.transpose(1, 2)[~tgt_pad])
+            x = layer(
+                x,
+                memory,
+                tgt_mask=causal,
+                tgt_key_padding_mask=tgt_pad,
+                memory_key_padding_mask=src_pad,
+            )
+    assert probabilities.shape == (2, 3, 4, tgt_in.size(1), src.size(1))
+    assert_close(probabilities.sum(-1), torch.ones_like(probabilities.sum(-1)))
+    on_padding = src_pad[None, :, None, None, :].expand_as(probabilities)  # (L, B, H, T, S)
+    assert (probabilities[on_padding] == 0).all()
+
+
+def reference_greedy(model, encoder, decoder, src, src_pad, max_len: int) -> list[list[int]]:
+    """Greedy decoding with torch's stacks, the whole prefix decoded again at every step."""
+    memory = encoder(model.src_embed(src), src_key_padding_mask=src_pad)
+    tokens = torch.full((src.size(0), 1), BOS)
+    for _ in range(max_len):
+        hidden = decoder(
+            model.tgt_embed(tokens),
+            memory,
+            tgt_mask=causal_mask(tokens.size(1)),
+            memory_key_padding_mask=src_pad,
+        )
+        next_tokens = model.project(hidden[:, -1]).argmax(-1)  # (B,)
+        tokens = torch.cat([tokens, next_tokens[:, None]], dim=1)
+    outputs = [row[1:] for row in tokens.tolist()]
+    return [row[: row.index(EOS)] if EOS in row else row for row in outputs]
+
+
+def test_greedy_decode_matches_torch_reference_token_for_token():
+    model = tiny_model(seed=3, tie_embeddings="none")
+    with torch.no_grad():
+        model.generator.weight[EOS] *= 6  # so that outputs end at different lengths
+    encoder, decoder = torch_reference(model)
+    src, src_pad = padded_batch([7, 4, 6, 5, 3], seed=5)
+    max_len = 10
+    with torch.no_grad():
+        expected = reference_greedy(model, encoder, decoder, src, src_pad, max_len)
+        cache = model.init_cache(model.encode(src, src_pad), src_pad)
+        hyps = greedy_search(
+            lambda tokens, c: (F.log_softmax(model.decode_step(tokens, c), -1), c),
+            cache,
+            lambda c, index: c.reorder(index),
+            batch_size=src.size(0),
+            bos_id=BOS,
+            eos_id=EOS,
+            max_lens=torch.full((5,), max_len),
+        )
+    assert [h.tokens for h in hyps] == expected
+    assert len({len(tokens) for tokens in expected}) > 1
+
+
+def test_tying_shares_parameters():
+    none = tiny_model(tie_embeddings="none")
+    decoder = tiny_model(tie_embeddings="decoder")
+    every = tiny_model(tie_embeddings="all")
+    assert none.generator.weight is not none.tgt_embed.token.weight
+    assert none.src_embed.token.weight is not none.tgt_embed.token.weight
+    assert decoder.generator.weight is decoder.tgt_embed.token.weight
+    assert decoder.src_embed.token.weight is not decoder.tgt_embed.token.weight
+    assert every.generator.weight is every.tgt_embed.token.weight is every.src_embed.token.weight
+    shared = VOCAB * 16
+    assert none.num_parameters() - decoder.num_parameters() == shared
+    assert decoder.num_parameters() - every.num_parameters() == shared
+
+
+def test_tying_all_needs_one_vocabulary():
+    with pytest.raises(ValueError, match="joint vocabulary"):
+        Transformer(tiny_config(tie_embeddings="all"), VOCAB, VOCAB + 1, PAD)
+    with pytest.raises(ValueError, match="tie_embeddings"):
+        Transformer(tiny_config(tie_embeddings="encoder"), VOCAB, VOCAB, PAD)
+
+
+def test_initialisation_zeroes_the_pad_embedding():
+    model = tiny_model(tie_embeddings="none")
+    for embedding in (model.src_embed.token, model.tgt_embed.token):
+        assert (embedding.weight[PAD] == 0).all()
+        assert embedding.weight[PAD + 1 :].std().item() == pytest.approx(16**-0.5, rel=0.2)
+
+
+def test_positions_beyond_max_positions_are_an_error():
+    model = tiny_model(max_positions=8)
+    src, src_pad = padded_batch([9], seed=0)
+    with pytest.raises(ValueError, match="max_positions"):
+        model.encode(src, src_pad)
+
+
+@pytest.mark.parametrize("tie", ["none", "decoder", "all"])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_parameter_count_formula(tie, norm_first):
+    config = tiny_config(tie_embeddings=tie, norm_first=norm_first)
+    src_vocab = VOCAB if tie == "all" else VOCAB + 7
+    model = Transformer(config, src_vocab, VOCAB, PAD)
+    assert count_parameters(config, src_vocab, VOCAB) == model.num_parameters()
+
+
+@pytest.mark.parametrize(
+    "sizes, low, high",
+    [
+        (dict(), 63e6, 66e6),  # base: the paper's Table 3 says 65M
+        (dict(d_model=1024, n_heads=16, d_ff=4096), 205e6, 215e6),  # big: 213M
+    ],
+)
+def test_paper_model_sizes(sizes, low, high):
+    config = ModelConfig(**sizes, tie_embeddings="all")
+    with torch.device("meta"):  # no memory, no initialisation cost
+        model = Transformer(config, 37000, 37000, PAD)
+    assert count_parameters(config, 37000, 37000) == model.num_parameters()
+    assert low <= model.num_parameters() <= high

@@ -1,0 +1,303 @@
+"""Greedy and beam search, driven by hand-written step functions and by a tiny random model."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.search import Hypothesis, beam_search, gnmt_length_penalty, greedy_search
+from model.transformer import ModelConfig, Transformer
+
+PAD, BOS, EOS = 0, 2, 3
+
+
+# -- hand-written step functions: the state is (N, 1 + t) long, the sentence id then the tokens fed
+
+
+def reorder_rows(state: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return state[index]
+
+
+def start(batch_size: int) -> torch.Tensor:
+    return torch.arange(batch_size)[:, None]  # (B, 1): each row's sentence id
+
+
+def table_step(table: dict[tuple[int, ...], dict[int, float]], vocab_size: int, default_eos=0.9):
+    """Next-token probabilities looked up by the tokens after BOS; unlisted mass spread evenly."""
+
+    def distribution(prefix: tuple[int, ...]) -> torch.Tensor:
+        listed = table.get(prefix, {EOS: default_eos})
+        rest = (1.0 - sum(listed.values())) / (vocab_size - len(listed))
+        probs = torch.full((vocab_size,), rest, dtype=torch.float64)
+        for token, p in listed.items():
+            probs[token] = p
+        return probs.log()
+
+    def step(tokens: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        state = torch.cat([state, tokens[:, None]], dim=1)  # (N, 1 + t)
+        return torch.stack([distribution(tuple(row[2:])) for row in state.tolist()]), state
+
+    return step
+
+
+def random_step(vocab_size: int = 6, eos_growth: float = 0.6):
+    """Random log-probabilities, fixed by (sentence, prefix); EOS likelier as the prefix grows."""
+
+    def log_probs(row: list[int]) -> torch.Tensor:
+        g = torch.Generator().manual_seed(hash(tuple(row)) % 2**31)
+        logits = 2 * torch.randn(vocab_size, generator=g, dtype=torch.float64)
+        logits[EOS] += eos_growth * (len(row) - 2)
+        return logits.log_softmax(0)
+
+    def step(tokens: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        state = torch.cat([state, tokens[:, None]], dim=1)  # (N, 1 + t)
+        return torch.stack([log_probs(row) for row in state.tolist()]), state
+
+    return step
+
+
+def search(step, batch_size: int, max_lens: list[int], beam_size: int | None = None, **options):
+    """Greedy search when beam_size is None, else beam search; from a fresh hand-step state."""
+    common = dict(batch_size=batch_size, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor(max_lens))
+    if beam_size is None:
+        return greedy_search(step, start(batch_size), reorder_rows, **common, **options)
+    return beam_search(
+        step, start(batch_size), reorder_rows, beam_size=beam_size, **common, **options
+    )
+
+
+def has_repeated_ngram(tokens: list[int], n: int) -> bool:
+    ngrams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(ngrams) != len(set(ngrams))
+
+
+def test_beam_one_equals_greedy_with_a_hand_step():
+    step, max_lens = random_step(), [1, 4, 6, 3, 8, 0]
+    greedy = search(step, 6, max_lens)
+    beam = search(step, 6, max_lens, beam_size=1, length_penalty=0.0)
+    assert [[h] for h in greedy] == beam
+    assert len({len(h.tokens) for h in greedy}) > 2
+
+
+def test_beam_finds_the_best_sequence_that_greedy_misses():
+    # Greedy takes 4 (0.5) then can only end with 0.3: P = 0.15. Starting with 5 (0.4) leads
+    # to EOS with 0.9: P = 0.36, the best sequence.
+    table = {(): {4: 0.5, 5: 0.4, EOS: 0.05}, (4,): {EOS: 0.3, 4: 0.25, 5: 0.25}}
+    step = table_step(table, vocab_size=6)
+    (greedy,) = search(step, 1, [5])
+    ((beam,),) = search(step, 1, [5], beam_size=2, length_penalty=0.0)
+    assert greedy.tokens == [4] and greedy.log_prob == pytest.approx(math.log(0.15))
+    assert beam.tokens == [5] and beam.log_prob == pytest.approx(math.log(0.36))
+
+
+def all_outputs(step, sentence: int, max_len: int, vocab_size: int, alpha: float):
+    """Every possible output of a sentence (tokens, GNMT score), by brute force."""
+    words = [w for w in range(vocab_size) if w != EOS]
+    outputs = [t for n in range(max_len + 1) for t in itertools.product(words, repeat=n)]
+    scored = []
+    for tokens in outputs:
+        state, log_prob = torch.tensor([[sentence]]), 0.0
+        for token, next_token in zip([BOS, *tokens], [*tokens, EOS], strict=True):
+            log_probs, state = step(torch.tensor([token]), state)
+            log_prob += log_probs[0, next_token].item()
+        scored.append((list(tokens), log_prob / gnmt_length_penalty(len(tokens) + 1, alpha)))
+    return sorted(scored, key=lambda pair: pair[1], reverse=True)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0, -0.5])
+def test_a_beam_holding_every_prefix_is_exact(alpha):
+    # 5 words and max_len 3: at most 25 * 6 = 150 candidates a step, so beam 150 loses nothing,
+    # and the early stop (no live hypothesis can still win) must not lose the best either.
+    step, vocab_size, max_len, nbest = random_step(vocab_size=6), 6, 3, 5
+    (hyps,) = search(step, 1, [max_len], beam_size=150, length_penalty=alpha, nbest=nbest)
+    best = all_outputs(step, 0, max_len, vocab_size, alpha)[:nbest]
+    assert [h.tokens for h in hyps] == [tokens for tokens, _ in best]
+    assert [h.score for h in hyps] == pytest.approx([score for _, score in best])
+
+
+def test_early_stop_waits_for_a_longer_hypothesis_that_can_still_win():
+    # [] scores log 0.6 = -0.51. [4 4 4] has log-prob log 0.4 + 3 log 0.999 = -0.92, but with
+    # alpha 2 its score is -0.92 / ((5 + 4) / 6)^2 = -0.41: better. After the first step the live
+    # [4] (-0.92) could still reach -0.92 / lp(max_len + 1) = -0.27, so the search must go on.
+    table = {(): {EOS: 0.6, 4: 0.4}, (4,): {4: 0.999}, (4, 4): {4: 0.999}, (4, 4, 4): {EOS: 0.999}}
+    ((best,),) = search(table_step(table, vocab_size=6), 1, [5], beam_size=2, length_penalty=2.0)
+    assert best.tokens == [4, 4, 4]
+    assert best.score == pytest.approx((math.log(0.4) + 3 * math.log(0.999)) / 1.5**2)
+
+
+def test_early_stop_with_a_negative_alpha_bounds_at_the_next_length():
+    # alpha -1 favours short outputs: lp(Y) = 6 / (5 + |Y|). [] scores log 0.4 = -0.92; the live
+    # [4] (log 0.6) can still reach -0.51 * 7/6 = -0.60 by ending next, and does.
+    table = {(): {4: 0.6, EOS: 0.4}, (4,): {EOS: 0.999}}
+    ((best,),) = search(table_step(table, vocab_size=6), 1, [5], beam_size=2, length_penalty=-1.0)
+    assert best.tokens == [4]
+    assert best.score == pytest.approx((math.log(0.6) + math.log(0.999)) * 7 / 6)
+
+
+def test_scores_use_the_gnmt_length_penalty():
+    assert gnmt_length_penalty(3, 0.6) == pytest.approx((8 / 6) ** 0.6)
+    assert gnmt_length_penalty(10, 0.0) == 1.0
+    for alpha in (0.0, 0.6, 1.0):
+        for hyps in search(random_step(), 3, [5, 2, 7], beam_size=3, length_penalty=alpha, nbest=3):
+            for h in hyps:
+                assert h.score == pytest.approx(h.log_prob / ((5 + len(h.tokens) + 1) / 6) ** alpha)
+
+
+def test_nbest_returns_k_distinct_hypotheses_best_first():
+    for hyps in search(random_step(), 4, [6, 6, 3, 8], beam_size=5, nbest=4):
+        assert len(hyps) == 4
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 4
+
+
+def test_min_len_forbids_early_eos():
+    step = table_step({}, vocab_size=6, default_eos=0.95)  # EOS is always the likeliest
+    assert [h.tokens for h in search(step, 2, [9, 9])] == [[], []]
+    for h in search(step, 2, [9, 9], min_len=3):
+        assert len(h.tokens) == 3
+    for (h,) in search(step, 2, [9, 9], beam_size=3, min_len=3):
+        assert len(h.tokens) == 3
+
+
+def test_max_len_forces_eos():
+    step = table_step({}, vocab_size=6, default_eos=0.001)  # EOS is never chosen freely
+    assert [len(h.tokens) for h in search(step, 3, [2, 0, 5])] == [2, 0, 5]
+    hyps = search(step, 3, [2, 0, 5], beam_size=2)
+    assert [len(h[0].tokens) for h in hyps] == [2, 0, 5]
+
+
+def test_no_repeat_ngram_size():
+    # Token 4 is always the likeliest: 4 4 4 ... unless bigrams may not repeat.
+    loves_4 = table_step({(4,) * n: {4: 0.6, EOS: 0.001} for n in range(10)}, 8, 0.001)
+    ((plain,),) = search(loves_4, 1, [6], beam_size=3)
+    assert plain.tokens == [4] * 6
+    for hyps in search(loves_4, 1, [6], beam_size=3, nbest=3, no_repeat_ngram_size=2):
+        for h in hyps:
+            assert not has_repeated_ngram(h.tokens, 2)
+    for hyps in search(
+        random_step(vocab_size=5, eos_growth=0.0),
+        3,
+        [8] * 3,
+        beam_size=4,
+        nbest=4,
+        no_repeat_ngram_size=2,
+    ):
+        for h in hyps:
+            assert not has_repeated_ngram(h.tokens, 2)
+
+
+def test_batched_search_equals_one_sentence_at_a_time():
+    step, max_lens = random_step(), [5, 1, 7, 4]
+
+    def alone(b: int, **options):
+        state = torch.tensor([[b]])
+        common = dict(batch_size=1, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([max_lens[b]]))
+        if "beam_size" in options:
+            return beam_search(step, state, reorder_rows, **common, **options)[0]
+        return greedy_search(step, state, reorder_rows, **common)[0]
+
+    assert search(step, 4, max_lens) == [alone(b) for b in range(4)]
+    options = dict(beam_size=3, nbest=2, length_penalty=0.6, no_repeat_ngram_size=2)
+    assert search(step, 4, max_lens, **options) == [alone(b, **options) for b in range(4)]
+
+
+def test_beams_are_expanded_and_finished_sentences_dropped_by_reorder():
+    # Sentence 0 ends at once (EOS is certain); sentence 1 goes on.
+    table = {(): {EOS: 1.0}}
+    step_0, step_1 = table_step(table, 6), random_step(eos_growth=0.0)
+
+    def step(tokens, state):
+        first = state[:, 0] == 0
+        log_probs = torch.empty(len(tokens), 6, dtype=torch.float64)
+        new_state = torch.cat([state, tokens[:, None]], dim=1)
+        if first.any():
+            log_probs[first] = step_0(tokens[first], state[first])[0]
+        if (~first).any():
+            log_probs[~first] = step_1(tokens[~first], state[~first])[0]
+        return log_probs, new_state
+
+    indices = []
+
+    def reorder(state, index):
+        indices.append(index)
+        return state[index]
+
+    common = dict(batch_size=3, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([4, 4, 4]))
+    beam_search(step, torch.tensor([[1], [1], [1]]), reorder, beam_size=3, **common)
+    assert indices[0].tolist() == torch.arange(3).repeat_interleave(3).tolist()
+    indices.clear()
+    beam_search(step, torch.tensor([[0], [1], [1]]), reorder, beam_size=3, **common)
+    assert indices[0].tolist() == (torch.arange(1, 3).repeat_interleave(3)).tolist()
+
+
+# -- a tiny random model
+
+
+def tiny_model() -> Transformer:
+    torch.manual_seed(0)
+    config = ModelConfig(
+        d_model=16,
+        n_heads=4,
+        d_ff=32,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        tie_embeddings="none",
+    )
+    model = Transformer(config, 40, 40, PAD).double().eval()
+    with torch.no_grad():
+        model.generator.weight[EOS] *= 6  # so that outputs end at different lengths
+    return model
+
+
+def model_search(model: Transformer, cached: bool, beam_size: int | None, **options):
+    """Search a fixed batch with decode_step (cached) or decode_step_uncached."""
+    g = torch.Generator().manual_seed(7)
+    src = torch.randint(4, 40, (5, 6), generator=g)
+    src_pad = torch.arange(6)[None, :] >= torch.tensor([6, 3, 5, 2, 4])[:, None]  # (B, S)
+    memory = model.encode(src.masked_fill(src_pad, PAD), src_pad)
+    decode = model.decode_step if cached else model.decode_step_uncached
+    state = (model.init_cache if cached else model.init_prefix_state)(memory, src_pad)
+
+    def step(tokens, state):
+        return F.log_softmax(decode(tokens, state), dim=-1), state
+
+    common = dict(batch_size=5, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([9, 4, 8, 2, 6]))
+    if beam_size is None:
+        return greedy_search(step, state, lambda s, i: s.reorder(i), **common, **options)
+    return beam_search(
+        step, state, lambda s, i: s.reorder(i), beam_size=beam_size, **common, **options
+    )
+
+
+@torch.no_grad()
+def test_beam_one_equals_greedy_with_a_model():
+    model = tiny_model()
+    greedy = model_search(model, cached=True, beam_size=None)
+    assert [[h] for h in greedy] == model_search(model, True, beam_size=1, length_penalty=0.0)
+    assert len({len(h.tokens) for h in greedy}) > 1
+
+
+def tokens_and_scores(hyps: list[list[Hypothesis]]) -> tuple[list, list]:
+    """All tokens as nested lists, all scores as one flat list (for pytest.approx)."""
+    return [[h.tokens for h in n] for n in hyps], [h.score for n in hyps for h in n]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("beam_size, options", [(None, {}), (4, dict(nbest=2, length_penalty=0.6))])
+def test_cached_search_equals_uncached_search(beam_size, options):
+    model = tiny_model()
+    cached = model_search(model, cached=True, beam_size=beam_size, **options)
+    uncached = model_search(model, cached=False, beam_size=beam_size, **options)
+    if beam_size is None:
+        cached, uncached = [[h] for h in cached], [[h] for h in uncached]
+    cached_tokens, cached_scores = tokens_and_scores(cached)
+    uncached_tokens, uncached_scores = tokens_and_scores(uncached)
+    assert cached_tokens == uncached_tokens
+    assert cached_scores == pytest.approx(uncached_scores)

@@ -1,0 +1,221 @@
+"""Training: accumulation, non-finite losses, kill-and-resume bit for bit, signals, refusals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cli import distributed
+from cli.checkpoint import load_checkpoint
+from cli.config import load_config
+from cli.train import Trainer, TrainingError, resume_config, run_train, start_run
+from data.batching import collate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tiny_config(tiny_prefix: str, *overrides: str):
+    return load_config(
+        "tiny",
+        [
+            f"data.train={tiny_prefix}",
+            f"data.dev={tiny_prefix}",
+            "train.precision=fp32",
+            *overrides,
+        ],
+    )
+
+
+def make_trainer(tmp_path, tiny_prefix, *overrides) -> Trainer:
+    config = tiny_config(tiny_prefix, *overrides)
+    run = start_run(config, tmp_path / "run", force=False)
+    return Trainer(config, run, distributed.Dist(), torch.device("cpu"))
+
+
+def split(batch, tokenizer_ids):
+    """The two halves of a batch, re-padded on their own."""
+    pad, bos, eos = tokenizer_ids
+    rows = []
+    for i in range(batch.src.size(0)):
+        src = batch.src[i][~batch.src_pad_mask[i]].tolist()
+        tgt = batch.tgt_out[i][~batch.tgt_pad_mask[i]].tolist()[:-1]  # drop EOS
+        rows.append((src, tgt))
+    half = len(rows) // 2
+    return [
+        collate([s for s, _ in part], [t for _, t in part], pad, bos, eos, list(range(len(part))))
+        for part in (rows[:half], rows[half:])
+    ]
+
+
+def capture_gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """Record the gradients the optimiser steps with (Adam's first step, about lr * sign(g),
+    would turn float noise in near-zero gradients into visible weight differences)."""
+    seen: dict[str, torch.Tensor] = {}
+    real_step = trainer.optimizer.step
+
+    def step(*args, **kwargs):
+        seen.update({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+        return real_step(*args, **kwargs)
+
+    trainer.optimizer.step = step
+    return seen
+
+
+def test_accumulating_two_half_batches_equals_one_full_update(tmp_path, tiny_prefix):
+    # No dropout, so both updates see the same function.
+    common = ("model.dropout=0.0", "train.clip_norm=0.0")
+    full = make_trainer(tmp_path / "a", tiny_prefix, *common)
+    halves = make_trainer(tmp_path / "b", tiny_prefix, *common, "train.update_freq=2")
+    halves.model.load_state_dict(full.model.state_dict())
+    batch = full.next_batches()[0]
+    tok = full.tokenizer
+    parts = split(batch, (tok.pad_id, tok.bos_id, tok.eos_id))
+    assert sum(p.n_tgt_tokens for p in parts) == batch.n_tgt_tokens
+    grads_full, grads_halves = capture_gradients(full), capture_gradients(halves)
+    a = full.update([batch])
+    b = halves.update(parts)
+    assert a["tokens"] == b["tokens"]
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    assert grads_full.keys() == grads_halves.keys() and grads_full
+    for name, g in grads_full.items():
+        torch.testing.assert_close(grads_halves[name], g, rtol=1e-4, atol=1e-7, msg=name)
+    # The gradients are not trivially small: the comparison above has something to compare.
+    assert max(g.abs().max().item() for g in grads_full.values()) > 1e-2
+
+
+def test_non_finite_loss_skips_the_update_then_stops(tmp_path, tiny_prefix, monkeypatch):
+    trainer = make_trainer(
+        tmp_path,
+        tiny_prefix,
+        "train.max_bad_steps=3",
+        "train.max_steps=50",
+        "train.eval_every=0",
+        "train.save_every=2",
+    )
+    import cli.train as train_module
+
+    real = train_module.label_smoothed_cross_entropy
+    calls = {"n": 0}
+
+    def poisoned(logits, target, epsilon, ignore_index=None):
+        calls["n"] += 1
+        loss, nll = real(logits, target, epsilon)
+        if calls["n"] == 3 or calls["n"] >= 6:  # one bad update, later a run of bad ones
+            return loss * float("nan"), nll
+        return loss, nll
+
+    monkeypatch.setattr(train_module, "label_smoothed_cross_entropy", poisoned)
+    with pytest.raises(TrainingError, match="3 non-finite losses in a row at step 5"):
+        trainer.fit()
+    # Updates 1, 2, (skipped), 3, 4 happened; the bad ones after step 4 changed no weight.
+    assert trainer.progress.step == 4
+    last = load_checkpoint(trainer.run.checkpoints / "last.pt")
+    assert last["step"] == 4
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(v, last["model"][k]), k
+        assert torch.isfinite(v).all()
+
+
+def tf_train(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "train", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"training exited early:\n{proc.stderr.read()}")
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def losses(run: Path) -> list[dict]:
+    """The logged numbers that must repeat exactly (not the timings)."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "wall")} for r in records]
+
+
+def test_sigkill_then_resume_continues_bit_for_bit(tmp_path, tiny_prefix):
+    common = [
+        f"--set=data.train={tiny_prefix}",
+        f"--set=data.dev={tiny_prefix}",
+        "--set=train.deterministic=true",
+        "--set=train.precision=fp32",
+        "--set=train.save_every=3",
+        "--set=train.eval_every=0",
+        "--set=train.log_every=1",
+    ]
+    killed = tmp_path / "killed"
+    proc = tf_train("tiny", "--out", str(killed), "--set=train.max_steps=100000", *common)
+    wait_for(killed / "checkpoints" / "step_3.pt", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    step = load_checkpoint(killed / "checkpoints" / "last.pt")["step"]
+    assert step >= 3 and step % 3 == 0
+    target = step + 4
+    resumed = tf_train(
+        "--resume", str(killed), f"--set=train.max_steps={target}", "--allow-config-change"
+    )
+    assert resumed.wait() == 0, resumed.stderr.read()
+
+    straight = tmp_path / "straight"
+    proc = tf_train("tiny", "--out", str(straight), f"--set=train.max_steps={target}", *common)
+    assert proc.wait() == 0, proc.stderr.read()
+
+    a = load_checkpoint(straight / "checkpoints" / "last.pt")
+    b = load_checkpoint(killed / "checkpoints" / "last.pt")
+    assert a["step"] == b["step"] == target
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert losses(straight) == losses(killed)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, tiny_prefix):
+    run = tmp_path / "run"
+    proc = tf_train(
+        "tiny",
+        "--out",
+        str(run),
+        f"--set=data.train={tiny_prefix}",
+        f"--set=data.dev={tiny_prefix}",
+        "--set=train.max_steps=100000",
+        "--set=train.save_every=2",
+        "--set=train.eval_every=0",
+    )
+    wait_for(run / "checkpoints" / "step_2.pt", proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    last = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert last["step"] >= 2
+    assert "SIGTERM" in proc.stderr.read()
+
+
+def test_resume_with_a_changed_config_is_refused_unless_allowed(tmp_path, tiny_prefix):
+    config = tiny_config(tiny_prefix)
+    run = start_run(config, tmp_path / "run", force=False)
+    with pytest.raises(TrainingError, match=r"train\.lr: 0\.003 -> 0\.5"):
+        resume_config(run, None, ["train.lr=0.5"], allow_changes=False)
+    assert resume_config(run, None, ["train.lr=0.5"], allow_changes=True).train.lr == 0.5
+    assert resume_config(run, None, [], allow_changes=False) == config
+
+
+def test_a_new_run_never_overwrites_an_old_one(tmp_path, tiny_prefix):
+    config = tiny_config(tiny_prefix, "train.max_steps=2", "train.eval_every=0")
+    run_train(config, tmp_path / "run", resume=False)
+    before = (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes()
+    with pytest.raises(TrainingError, match="already holds a run"):
+        run_train(config, tmp_path / "run", resume=False)
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes() == before
