@@ -6,6 +6,7 @@ as a straightforward implementation does, while `tf` projects only real target t
 are timed alternately in one process, so machine noise hits both alike; the ratio is the result.
 
     python -m benchmarks.train_bench [--config small] [--batches 6] [--repeats 3]
+    python -m benchmarks.train_bench --config base --device cuda --precision bf16 --compile
 """
 
 from __future__ import annotations
@@ -91,30 +92,29 @@ def reference_loss(model: Reference, batch, eps: float, pad_id: int) -> torch.Te
     return loss / batch.n_tgt_tokens
 
 
-def build(which: str, config, tokenizer):
+def build(which: str, config, tokenizer, device: torch.device, compile: bool = False):
     """A function doing one training step of model `which` ("tf" or "reference")."""
     torch.manual_seed(0)
     eps = config.train.label_smoothing
     if which == "tf":
         model = Transformer(
             config.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id
-        )
+        ).to(device)
+        net = torch.compile(model) if compile else model
 
         def loss_fn(batch):
-            return ours_loss(model, batch, eps)
+            return ours_loss(net, batch, eps)
     else:
-        model = Reference(config.model, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+        model = Reference(config.model, tokenizer.tgt_vocab_size, tokenizer.pad_id).to(device)
 
         def loss_fn(batch):
             return reference_loss(model, batch, eps, tokenizer.pad_id)
 
-    optimizer, _ = build_optimizer(
-        model.parameters(), config.train, config.model.d_model, torch.device("cpu")
-    )
+    optimizer, _ = build_optimizer(model.parameters(), config.train, config.model.d_model, device)
     model.train()
 
     def step(batch, dtype) -> None:
-        with torch.autocast("cpu", dtype=dtype) if dtype else nullcontext():
+        with torch.autocast(device.type, dtype=dtype) if dtype else nullcontext():
             loss = loss_fn(batch)
         loss.backward()
         optimizer.step()
@@ -123,15 +123,25 @@ def build(which: str, config, tokenizer):
     return step
 
 
-def time_pass(step, batches, dtype) -> float:
+def time_pass(step, batches, dtype, device: torch.device) -> float:
+    synchronize(device)
     start = time.perf_counter()
     for b in batches:
         step(b, dtype)
+    synchronize(device)
     return time.perf_counter() - start
 
 
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+
+
 def peak_rss_mb(which: str, config_name: str, precision: str, n_batches: int) -> float:
-    """Peak resident memory of a fresh process doing `n_batches` steps of one model."""
+    """Peak resident memory of a fresh process doing `n_batches` CPU steps of one model."""
     code = (
         f"from benchmarks.train_bench import memory_probe; "
         f"memory_probe({which!r}, {config_name!r}, {precision!r}, {n_batches})"
@@ -143,44 +153,95 @@ def peak_rss_mb(which: str, config_name: str, precision: str, n_batches: int) ->
 def memory_probe(which: str, config_name: str, precision: str, n_batches: int) -> None:
     config = load_config(config_name)
     tokenizer, batches = corpus_batches(config, n_batches)
-    step = build(which, config, tokenizer)
-    dtype = torch.bfloat16 if precision == "bf16" else None
-    time_pass(step, batches, dtype)
+    cpu = torch.device("cpu")
+    time_pass(build(which, config, tokenizer, cpu), batches, DTYPES[precision], cpu)
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
+def cuda_peak_mb(step, batches, dtype, device) -> float:
+    torch.cuda.reset_peak_memory_stats(device)
+    time_pass(step, batches[:2], dtype, device)
+    return torch.cuda.max_memory_allocated(device) / 2**20
+
+
+def training_flops(model: ModelConfig, vocab_size: int, batches) -> float:
+    """Matmul FLOPs of forward + backward (3x forward) over the batches, counted on real tokens
+    (the attention products over the batch's padded lengths), as MFU is usually reckoned."""
+    D, F, L_enc, L_dec = model.d_model, model.d_ff, model.n_encoder_layers, model.n_decoder_layers
+    total = 0.0
+    for b in batches:
+        src, tgt = b.n_src_tokens, b.n_tgt_tokens
+        S, T = b.src.size(1), b.tgt_in.size(1)
+        enc = src * L_enc * (8 * D * D + 4 * D * F + 4 * S * D)
+        dec = tgt * L_dec * (12 * D * D + 4 * D * F + 4 * T * D + 4 * S * D)
+        dec += src * L_dec * 4 * D * D  # cross-attention keys and values of the source
+        total += 3 * (enc + dec + tgt * 2 * D * vocab_size)
+    return total
+
+
 def run(
-    config_name: str = "small", n_batches: int = 6, repeats: int = 3, memory: bool = True
+    config_name: str = "small",
+    n_batches: int = 6,
+    repeats: int = 3,
+    device_name: str = "cpu",
+    precisions: tuple[str, ...] = ("fp32", "bf16"),
+    compile: bool = False,
+    memory: bool = True,
 ) -> dict:
+    """Tokens/s of each model and precision (medians of alternating repeats), ratios, memory."""
+    device = torch.device(device_name)
     config = load_config(config_name)
     tokenizer, batches = corpus_batches(config, n_batches)
+    batches = [b.to(device) for b in batches]
     tokens = sum(b.n_tgt_tokens for b in batches)
-    steps = {name: build(name, config, tokenizer) for name in ("tf", "reference")}
-    results = {}
-    for precision, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
-        for step in steps.values():  # warm-up: allocator, autocast caches, threads
-            time_pass(step, batches[:2], dtype)
-        times = {name: [] for name in steps}
+    steps = {name: build(name, config, tokenizer, device) for name in ("tf", "reference")}
+    if compile:
+        steps["tf_compiled"] = build("tf", config, tokenizer, device, compile=True)
+    flops = training_flops(config.model, tokenizer.tgt_vocab_size, batches)
+    results: dict[str, float] = {"target_tokens_per_pass": tokens, "batches": len(batches)}
+    for precision in precisions:
+        dtype = DTYPES[precision]
+        for step in steps.values():  # warm-up: allocator, autocast caches, compilation
+            time_pass(step, batches[:2], dtype, device)
+        times: dict[str, list[float]] = {name: [] for name in steps}
         for _ in range(repeats):
             for name, step in steps.items():  # alternate, so noise hits both alike
-                times[name].append(time_pass(step, batches, dtype))
-        for name in steps:
-            results[f"{name}_{precision}_tokens_per_s"] = tokens / statistics.median(times[name])
-    ref32 = results["reference_fp32_tokens_per_s"]
-    results["ratio_fp32"] = results["tf_fp32_tokens_per_s"] / ref32
-    results["ratio_bf16_vs_ref_bf16"] = (
-        results["tf_bf16_tokens_per_s"] / results["reference_bf16_tokens_per_s"]
-    )
-    results["ratio_bf16_vs_ref_fp32"] = results["tf_bf16_tokens_per_s"] / ref32
-    if memory:
-        for name in steps:
-            for precision in ("fp32", "bf16"):
-                results[f"{name}_{precision}_peak_rss_mb"] = peak_rss_mb(
+                times[name].append(time_pass(step, batches, dtype, device))
+        for name, step in steps.items():
+            seconds = statistics.median(times[name])
+            results[f"{name}_{precision}_tokens_per_s"] = tokens / seconds
+            results[f"{name}_{precision}_tflops"] = flops / seconds / 1e12
+            if memory and device.type == "cuda":
+                results[f"{name}_{precision}_peak_mb"] = cuda_peak_mb(step, batches, dtype, device)
+            elif memory and name != "tf_compiled":
+                results[f"{name}_{precision}_peak_mb"] = peak_rss_mb(
                     name, config_name, precision, 2
                 )
-    results["target_tokens_per_pass"] = tokens
-    results["batches"] = len(batches)
+    ref = results[f"reference_{precisions[0]}_tokens_per_s"]
+    for key in [k for k in results if k.endswith("_tokens_per_s")]:
+        results[key.replace("_tokens_per_s", f"_vs_reference_{precisions[0]}")] = results[key] / ref
     return results
+
+
+def print_results(r: dict, precisions: tuple[str, ...]) -> None:
+    base = precisions[0]
+    rows = [("model", "precision", "target tokens/s", f"vs reference {base}", "TFLOP/s", "peak MB")]
+    for name in ("tf", "tf_compiled", "reference"):
+        for precision in precisions:
+            key = f"{name}_{precision}"
+            if f"{key}_tokens_per_s" not in r:
+                continue
+            rows.append(
+                (
+                    name,
+                    precision,
+                    f"{r[f'{key}_tokens_per_s']:,.0f}",
+                    f"{r[f'{key}_vs_reference_{base}']:.2f}x",
+                    f"{r[f'{key}_tflops']:.2f}",
+                    f"{r.get(f'{key}_peak_mb', float('nan')):,.0f}",
+                )
+            )
+    print_table(rows)
 
 
 def main() -> None:
@@ -188,22 +249,13 @@ def main() -> None:
     parser.add_argument("--config", default="small")
     parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"])
+    parser.add_argument("--compile", action="store_true")
     args = parser.parse_args()
-    r = run(args.config, args.batches, args.repeats)
-    rows = [("model", "precision", "target tokens/s", "vs reference fp32", "peak RSS MB")]
-    for name in ("tf", "reference"):
-        for precision in ("fp32", "bf16"):
-            tps = r[f"{name}_{precision}_tokens_per_s"]
-            rows.append(
-                (
-                    name,
-                    precision,
-                    f"{tps:,.0f}",
-                    f"{tps / r['reference_fp32_tokens_per_s']:.2f}x",
-                    f"{r.get(f'{name}_{precision}_peak_rss_mb', 0):,.0f}",
-                )
-            )
-    print_table(rows)
+    precisions = tuple(args.precision)
+    r = run(args.config, args.batches, args.repeats, args.device, precisions, args.compile)
+    print_results(r, precisions)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,22 @@ def save_atomic(obj: dict[str, Any], path: Path) -> None:
         os.fsync(dir_fd)  # make the rename itself durable
     finally:
         os.close(dir_fd)
+
+
+def save_copies(obj: dict[str, Any], paths: list[Path]) -> None:
+    """Write `obj` to the first path atomically, then make the others the same file: a hard link
+    renamed into place (a later overwrite of either replaces its own name only), or a copy where
+    the file system has no hard links. Serialising once saves time on large models."""
+    first, *rest = paths
+    save_atomic(obj, first)
+    for path in rest:
+        tmp = path.with_name(f".{path.name}.link")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(first, tmp)
+        except OSError:
+            shutil.copyfile(first, tmp)
+        os.replace(tmp, path)
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

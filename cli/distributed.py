@@ -7,6 +7,8 @@ every helper here is a no-op.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,17 +57,18 @@ def shutdown(d: Dist) -> None:
         dist.destroy_process_group()
 
 
-def sum_over_ranks(d: Dist, value: float, device: torch.device) -> float:
+def sum_over_ranks(d: Dist, values: list[float], device: torch.device) -> list[float]:
+    """Each value summed over all ranks (one all-reduce for the lot)."""
     if not d.active:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return t.item()
+    return t.tolist()
 
 
 def any_rank(d: Dist, flag: bool, device: torch.device) -> bool:
     """True on every rank if `flag` is true on any: all ranks stop together."""
-    return sum_over_ranks(d, float(flag), device) > 0
+    return sum_over_ranks(d, [float(flag)], device)[0] > 0
 
 
 def gather_to_main(d: Dist, obj: Any) -> list[Any] | None:
@@ -79,4 +82,15 @@ def gather_to_main(d: Dist, obj: Any) -> list[Any] | None:
 
 def barrier(d: Dist) -> None:
     if d.active:
+        dist.barrier()
+
+
+@contextmanager
+def main_first(d: Dist) -> Iterator[None]:
+    """Run the block on the main rank first, then on the others: files it writes (a tokenizer,
+    the `datasets` cache of the encoded corpus) are made once and then read by the rest."""
+    if d.active and not d.main:
+        dist.barrier()
+    yield
+    if d.active and d.main:
         dist.barrier()

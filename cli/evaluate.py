@@ -55,7 +55,7 @@ def run_eval(
     as_json: bool,
 ) -> str:
     """Translate `src` with the run's model (or read `hyp`) and score it against `ref`."""
-    from cli.translate import SearchOptions, pick_device, translate_stream
+    from cli.translate import SearchOptions, pick_device, resolve_options, translate_stream
     from data.errors import InputError
 
     refs = read_text(ref)
@@ -72,7 +72,7 @@ def run_eval(
         check_parallel(src, srcs, ref, refs)
         device = pick_device(device_name)
         model, tokenizer, config = load_for_inference(run, device)
-        options = SearchOptions(1 if greedy else (beam_size or config.decode.beam_size))
+        options = resolve_options(SearchOptions(1 if greedy else (beam_size or 0)), config.decode)
         if limit:
             srcs, refs = srcs[:limit], refs[:limit]
         out = translate_stream(model, tokenizer, srcs, config.decode, options, device, str(src))

@@ -15,6 +15,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,  # plain help: "[stdout]" in a help text stays as written
 )
 tokenizer_app = typer.Typer(help="SentencePiece tokenizers.", no_args_is_help=True)
 app.add_typer(tokenizer_app, name="tokenizer")
@@ -123,12 +124,25 @@ def translate(
     nbest: Annotated[int, typer.Option(help="Hypotheses per sentence ('k ||| text').")] = 1,
     scores: Annotated[bool, typer.Option(help="Print each hypothesis' score.")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    attention: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Write DIR/NNNN.png: each line's cross-attention (needs matplotlib)."),
+    ] = None,
+    attention_layer: Annotated[
+        int, typer.Option(help="Decoder layer drawn by --attention (-1: the last).")
+    ] = -1,
+    attention_head: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(help="Head drawn by --attention (default: the mean over heads)."),
+    ] = None,
 ) -> None:
     """Translate raw text line by line (stdin to stdout by default)."""
+    from cli.attention import AttentionOptions
     from cli.translate import SearchOptions, run_translate
 
     options = SearchOptions(beam_size=1 if greedy else (beam or 0), nbest=nbest)
-    run_translate(run, input, output, options, device, scores)
+    pictures = AttentionOptions(attention, attention_layer, attention_head) if attention else None
+    run_translate(run, input, output, options, device, scores, attention=pictures)
 
 
 @app.command("eval")
@@ -165,6 +179,21 @@ def average(
     from cli.average import run_average
 
     typer.echo(run_average(run, last, output))
+
+
+@app.command()
+@user_errors
+def plot(
+    run: Annotated[Path, typer.Argument(help="Run directory (reads RUN/metrics.jsonl).")],
+    output: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("-o", "--output", help="The PNG to write (default: RUN/curves.png)."),
+    ] = None,
+) -> None:
+    """Plot training and validation curves (loss, perplexity, BLEU/chrF, lr) as a PNG."""
+    from cli.plot import plot_curves
+
+    typer.echo(plot_curves(run, output or run / "curves.png"))
 
 
 def main() -> None:

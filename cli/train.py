@@ -25,7 +25,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from cli import distributed
-from cli.checkpoint import FORMAT, RunDir, build_model, load_checkpoint, save_atomic
+from cli.checkpoint import FORMAT, RunDir, build_model, load_checkpoint, save_copies
 from cli.config import Config, ConfigError, config_diff, load_config, save_config
 from cli.evaluate import score
 from cli.optim import build_optimizer
@@ -65,18 +65,16 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if native else None
 
 
-def prepare_tokenizer(config: Config, run: RunDir, train_corpus, dd: distributed.Dist) -> Tokenizer:
+def prepare_tokenizer(config: Config, run: RunDir, train_corpus) -> Tokenizer:
     """The run's tokenizer, trained on the training corpus when the run has none yet."""
     if not (run.tokenizer / "joint.model").exists() and not (run.tokenizer / "src.model").exists():
-        if dd.main:
-            log.info(
-                "training a %s tokenizer (vocab %d) on %d pairs",
-                config.data.tokenizer_type,
-                config.data.vocab_size,
-                len(train_corpus),
-            )
-            train_tokenizer_for(config, train_corpus, run.tokenizer)
-        distributed.barrier(dd)
+        log.info(
+            "training a %s tokenizer (vocab %d) on %d pairs",
+            config.data.tokenizer_type,
+            config.data.vocab_size,
+            len(train_corpus),
+        )
+        train_tokenizer_for(config, train_corpus, run.tokenizer)
     return Tokenizer.load(run.tokenizer)
 
 
@@ -224,9 +222,11 @@ class Trainer:
         if t.deterministic:
             torch.use_deterministic_algorithms(True)
         seed_everything(t.seed)
-        train_corpus = load_corpus(config.data.train, config.data.src_lang, config.data.tgt_lang)
-        self.tokenizer = prepare_tokenizer(config, run, train_corpus, dd)
-        self.data = prepare_data(config, self.tokenizer, train_corpus, self.dist)
+        with distributed.main_first(dd):  # one rank trains the tokenizer and fills the caches
+            d = config.data
+            train_corpus = load_corpus(d.train, d.src_lang, d.tgt_lang)
+            self.tokenizer = prepare_tokenizer(config, run, train_corpus)
+            self.data = prepare_data(config, self.tokenizer, train_corpus, dd)
         self.model = build_model(config, self.tokenizer).to(self.device)
         self.optimizer, self.scheduler = build_optimizer(
             self.model.parameters(), t, config.model.d_model, self.device
@@ -259,8 +259,10 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "step": p.step,
             "epoch": round(self.epochs_done(), 3),
-            "iterator": self.data.train.state_dict(),
-            "rng": distributed.gather_to_main(self.dist, rng_state()),
+            # Per rank, in rank order: where its share of the batches stands, and its RNGs.
+            "ranks": distributed.gather_to_main(
+                self.dist, {"iterator": self.data.train.state_dict(), "rng": rng_state()}
+            ),
             "progress": {
                 "elapsed": p.elapsed,
                 "bad_steps": p.bad_steps,
@@ -274,8 +276,9 @@ class Trainer:
         }
 
     def save(self, names: list[str]) -> None:
-        """Write the state under each name in checkpoints/ (only the main rank writes)."""
-        state = self.state()  # every rank takes part: the RNG states are gathered
+        """Write the state under each name in checkpoints/ (only the main rank writes), in order:
+        last.pt comes first, so a step_N.pt on disk means last.pt is at least as new."""
+        state = self.state()  # every rank takes part: the per-rank states are gathered
         if not self.dist.main:
             return
         if not all(
@@ -284,8 +287,7 @@ class Trainer:
             if v.is_floating_point()
         ):
             raise TrainingError("the weights hold NaN or inf; no checkpoint was written")
-        for name in names:
-            save_atomic(state, self.run.checkpoints / name)
+        save_copies(state, [self.run.checkpoints / name for name in names])
         self.prune_step_checkpoints()
 
     def prune_step_checkpoints(self) -> None:
@@ -308,9 +310,9 @@ class Trainer:
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.scaler.load_state_dict(ckpt["scaler"])
-        self.data.train.load_state_dict(ckpt["iterator"])
-        rng = ckpt["rng"]
-        set_rng_state(rng[self.dist.rank])
+        mine = ckpt["ranks"][self.dist.rank]
+        self.data.train.load_state_dict(mine["iterator"])
+        set_rng_state(mine["rng"])
         p = ckpt["progress"]
         self.progress = Progress(
             ckpt["step"],
@@ -355,20 +357,18 @@ class Trainer:
         """
         t = self.config.train
         local_tokens = sum(b.n_tgt_tokens for b in batches)
-        tokens = distributed.sum_over_ranks(self.dist, local_tokens, self.device)
+        (tokens,) = distributed.sum_over_ranks(self.dist, [local_tokens], self.device)
         # DDP averages gradients over ranks: scale so the result is the per-token mean overall.
         norm = self.dist.world_size / tokens
-        loss_sum = nll_sum = 0.0
+        sums = torch.zeros(2, device=self.device)  # smoothed loss, NLL: summed on the device
         self.net.train()
         for i, batch in enumerate(batches):
             sync = i == len(batches) - 1  # all-reduce only on the last micro-batch
             with nullcontext() if sync or not self.dist.active else self.net.no_sync():
                 loss, nll = self.loss_of(batch)
                 self.scaler.scale(loss * norm).backward()
-            loss_sum += loss.item()
-            nll_sum += nll.item()
-        loss_sum = distributed.sum_over_ranks(self.dist, loss_sum, self.device)
-        nll_sum = distributed.sum_over_ranks(self.dist, nll_sum, self.device)
+            sums += torch.stack([loss.detach(), nll.detach()])
+        loss_sum, nll_sum = distributed.sum_over_ranks(self.dist, sums.tolist(), self.device)
         if not math.isfinite(loss_sum):
             self.optimizer.zero_grad(set_to_none=True)
             return None
@@ -464,6 +464,8 @@ class Trainer:
         t, p = self.config.train, self.progress
         bar = self.progress_bar()
         window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "updates": 0, "time": 0.0}
+        # Wall time, validation and checkpoints included, summed over resumed sessions.
+        session_start, earlier = time.perf_counter(), p.elapsed
         while True:
             reason = self.should_stop()
             if distributed.any_rank(self.dist, reason is not None, self.device):
@@ -472,7 +474,7 @@ class Trainer:
             start = time.perf_counter()
             result = self.update(self.next_batches())
             took = time.perf_counter() - start
-            p.elapsed += took
+            p.elapsed = earlier + time.perf_counter() - session_start
             if result is None:
                 p.bad_steps += 1
                 log.warning(
@@ -506,7 +508,7 @@ class Trainer:
             if t.eval_every and p.step % t.eval_every == 0:
                 self.evaluate_and_save()
             elif t.save_every and p.step % t.save_every == 0:
-                self.save([f"step_{p.step}.pt", "last.pt"])
+                self.save(["last.pt", f"step_{p.step}.pt"])
         if window["updates"]:
             self.log_window(window)
         if reason != "signal" and (not t.eval_every or p.step % t.eval_every):
@@ -518,35 +520,18 @@ class Trainer:
         return reason
 
     def evaluate_and_save(self) -> None:
-        p = self.progress
-        metrics = self.validate() if self.dist.main else {}
-        best = self.record_validation(metrics) if self.dist.main else False
-        best = distributed.any_rank(self.dist, best, self.device)
-        # Every rank must agree on patience: the main rank's counter is sent as a flag.
-        if self.dist.main:
-            self.write_metrics(
-                {
-                    "step": p.step,
-                    "epoch": round(self.epochs_done(), 3),
-                    **metrics,
-                    "best": p.best,
-                    "wall": round(p.elapsed, 1),
-                }
-            )
+        """Validate on the main rank, log it, save last.pt (and best.pt, step_N.pt)."""
+        p, t = self.progress, self.config.train
+        best = False
+        if self.dist.main:  # the others wait in the next collective; early stopping reaches
+            metrics = self.validate()  # them through `any_rank` at the top of the loop
+            best = self.record_validation(metrics)
+            record = {"step": p.step, "epoch": round(self.epochs_done(), 3), **metrics}
+            self.write_metrics({**record, "best": p.best, "wall": round(p.elapsed, 1)})
             log.info("step %d: %s", p.step, "  ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
-        stop = distributed.any_rank(
-            self.dist,
-            self.dist.main
-            and bool(
-                self.config.train.patience and p.evals_since_best >= self.config.train.patience
-            ),
-            self.device,
-        )
-        if stop:
-            p.evals_since_best = max(p.evals_since_best, self.config.train.patience)
         names = ["last.pt"] + (["best.pt"] if best else [])
-        if self.config.train.save_every and p.step % self.config.train.save_every == 0:
-            names.insert(0, f"step_{p.step}.pt")
+        if t.save_every and p.step % t.save_every == 0:
+            names.append(f"step_{p.step}.pt")
         self.save(names)
 
     def lr(self) -> float:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,9 @@ from data.tokenizer import Tokenizer
 from model.search import Hypothesis, beam_search, greedy_search
 from model.transformer import DecoderCache, Transformer
 
+if TYPE_CHECKING:
+    from cli.attention import AttentionOptions
+
 log = logging.getLogger(__name__)
 
 CHUNK_LINES = 4096  # lines held in memory at once while streaming
@@ -32,10 +35,20 @@ CHUNK_LINES = 4096  # lines held in memory at once while streaming
 class SearchOptions:
     beam_size: int
     nbest: int = 1
+    use_cache: bool = True  # False decodes the whole prefix again each step (benchmarks, tests)
 
     @property
     def greedy(self) -> bool:
         return self.beam_size == 1 and self.nbest == 1
+
+
+def resolve_options(options: SearchOptions, decode: DecodeConfig) -> SearchOptions:
+    """Beam size 0 means the run's `decode.beam_size`; n-best needs a beam at least as wide."""
+    if options.beam_size == 0:
+        options = replace(options, beam_size=decode.beam_size)
+    if options.nbest > options.beam_size:
+        raise InputError(f"--nbest {options.nbest} needs --beam {options.nbest} or more")
+    return options
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -55,16 +68,20 @@ def search_batch(
 ) -> list[list[Hypothesis]]:
     """Translate one padded batch of source ids: `nbest` hypotheses per sentence, best first."""
     memory = model.encode(batch.src, batch.src_pad_mask)  # (B, S, D)
-    cache = model.init_cache(memory, batch.src_pad_mask)
+    if options.use_cache:
+        cache, decode_step = model.init_cache(memory, batch.src_pad_mask), model.decode_step
+    else:
+        cache = model.init_prefix_state(memory, batch.src_pad_mask)
+        decode_step = model.decode_step_uncached
     src_lens = (~batch.src_pad_mask).sum(dim=1)  # (B,)
     limit = model.config.max_positions - 1
     max_lens = (decode.max_len_a * src_lens + decode.max_len_b).long().clamp(1, limit)
 
     def step(tokens: torch.Tensor, state: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
-        return F.log_softmax(model.decode_step(tokens, state).float(), dim=-1), state
+        return F.log_softmax(decode_step(tokens, state).float(), dim=-1), state
 
     def reorder(state: DecoderCache, index: torch.Tensor) -> DecoderCache:
-        return state.reorder(index)
+        return state.reorder(index)  # PrefixState has the same method
 
     common = dict(
         batch_size=batch.src.size(0),
@@ -193,14 +210,20 @@ def run_translate(
     device_name: str,
     scores: bool,
     progress: bool = True,
+    attention: AttentionOptions | None = None,
 ) -> None:
-    """The `tf translate` command: stdin/FILE to stdout/FILE."""
+    """The `tf translate` command: stdin/FILE to stdout/FILE; with `attention`, also a heatmap
+    of the cross-attention of each line's best translation (see `cli.attention`)."""
     from tqdm import tqdm
 
+    from cli.attention import prepare_attention, write_attention
     from cli.checkpoint import load_for_inference
 
     device = pick_device(device_name)
     model, tokenizer, config = load_for_inference(run, device)
+    options = resolve_options(options, config.decode)
+    if attention is not None:
+        prepare_attention(attention, config.model)
     source = str(input_path) if input_path else "<stdin>"
     raw = open(input_path, "rb") if input_path else sys.stdin.buffer  # noqa: SIM115
     results = translate_stream(
@@ -219,8 +242,10 @@ def run_translate(
     tmp = output_path.with_name(f".{output_path.name}.partial") if output_path else None
     out: TextIO = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout  # noqa: SIM115
     try:
-        for _, hyps in results:
+        for n, (line, hyps) in enumerate(results, start=1):
             out.write("\n".join(format_hypotheses(tokenizer, hyps, scores, options.nbest)) + "\n")
+            if attention is not None:
+                write_attention(model, tokenizer, attention, n, line, hyps[0].tokens)
             if tmp is None:
                 out.flush()  # stdout: show each translation as soon as its chunk is done
         if tmp is not None:

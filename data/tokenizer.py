@@ -195,6 +195,10 @@ class Tokenizer:
         """The source pieces of one sentence, e.g. ["▁Él", "▁com", "ió"]."""
         return self._src.encode(text, out_type=str)
 
+    def src_id_pieces(self, ids: list[int]) -> list[str]:
+        """The source pieces named by `ids` (a truncated sentence keeps only its ids)."""
+        return [self._src.id_to_piece(int(i)) for i in ids]
+
     def tgt_pieces(self, ids: list[int]) -> list[str]:
         """The target pieces named by `ids`."""
         return [self._tgt.id_to_piece(int(i)) for i in ids]

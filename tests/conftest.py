@@ -44,3 +44,25 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory, tiny_prefix: str):
     src = Path(f"{tiny_prefix}.es").read_text(encoding="utf-8").splitlines()
     tgt = Path(f"{tiny_prefix}.en").read_text(encoding="utf-8").splitlines()
     return train_tokenizer(src, tgt, tmp_path_factory.mktemp("tokenizer"), vocab_size=100)
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory, tiny_prefix: str) -> Path:
+    """A tiny run trained for 6 steps through `tf train` (tokenizer trained inside): validations
+    at steps 3 and 6, step checkpoints every 2 (tiny.yaml keeps the last 2)."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    run = tmp_path_factory.mktemp("trained") / "run"
+    sets = [
+        f"data.train={tiny_prefix}",
+        f"data.dev={tiny_prefix}",
+        "train.max_steps=6",
+        "train.save_every=2",
+        "train.eval_every=3",
+    ]
+    args = ["train", "tiny", "--out", str(run)] + [a for s in sets for a in ("--set", s)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return run

@@ -24,34 +24,10 @@ def tf(*args: str, input: str | None = None):
     return result
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_prefix) -> Path:
-    """A tiny run trained for a few steps through `tf train` (tokenizer trained inside)."""
-    run = tmp_path_factory.mktemp("cli") / "run"
-    result = tf(
-        "train",
-        "tiny",
-        "--out",
-        run,
-        "--set",
-        f"data.train={tiny_prefix}",
-        "--set",
-        f"data.dev={tiny_prefix}",
-        "--set",
-        "train.max_steps=6",
-        "--set",
-        "train.save_every=2",
-        "--set",
-        "train.eval_every=3",
-    )
-    assert result.exit_code == 0, result.output
-    return run
-
-
 def test_help_lists_every_command():
     result = tf("--help")
     assert result.exit_code == 0
-    for command in ("tokenizer", "train", "translate", "eval", "average"):
+    for command in ("tokenizer", "train", "translate", "eval", "average", "plot"):
         assert command in result.output
 
 
@@ -74,8 +50,7 @@ def test_train_lays_out_a_self_contained_run(trained):
         "scheduler",
         "step",
         "epoch",
-        "iterator",
-        "rng",
+        "ranks",
         "config",
         "tokenizer_digest",
     ):
@@ -101,6 +76,17 @@ def test_translate_stdin_to_stdout_keeps_lines_and_order(trained, tiny_prefix):
         for line in (lines[0], lines[1], lines[2])
     ]
     assert [out[0], out[2], out[3]] == alone
+
+
+def test_translate_defaults_to_the_runs_beam_and_equals_greedy_at_beam_1(trained):
+    text = "Y dijo Dios: Sea la luz.\nEn el principio crió Dios los cielos y la tierra.\n"
+    default = tf("translate", trained, input=text)  # tiny.yaml: decode.beam_size 2
+    assert default.exit_code == 0, default.output
+    assert len(default.stdout.splitlines()) == 2
+    greedy = tf("translate", trained, "--greedy", input=text).stdout
+    assert tf("translate", trained, "--beam", "1", input=text).stdout == greedy
+    bad = tf("translate", trained, "--greedy", "--nbest", "2", input=text)
+    assert bad.exit_code == 2 and "--nbest 2" in bad.stderr
 
 
 def test_translate_files_nbest_and_scores(trained, tiny_prefix, tmp_path):
@@ -305,3 +291,22 @@ def test_gzip_corpus_and_jsonl_train(tmp_path, tiny_prefix):
         "train.eval_every=0",
     )
     assert result.exit_code == 0, result.output
+
+
+def test_streaming_in_chunks_changes_nothing(trained, tiny_prefix, monkeypatch):
+    import cli.translate as translate
+
+    lines = Path(f"{tiny_prefix}.es").read_text(encoding="utf-8").splitlines()[:7]
+    text = "\n".join(lines) + "\n"
+    whole = tf("translate", trained, "--greedy", input=text).stdout
+    monkeypatch.setattr(translate, "CHUNK_LINES", 3)  # 7 lines -> chunks of 3, 3, 1
+    assert tf("translate", trained, "--greedy", input=text).stdout == whole
+
+
+def test_over_long_line_is_truncated_with_one_warning(trained, caplog):
+    long_line = " ".join(["palabra"] * 400)  # far over tiny.yaml's max_positions 256
+    result = tf("translate", trained, "--greedy", input=f"hola\n{long_line}\n")
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == 2
+    warnings = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("<stdin>:2:")

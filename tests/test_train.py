@@ -58,13 +58,11 @@ def capture_gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
     """Record the gradients the optimiser steps with (Adam's first step, about lr * sign(g),
     would turn float noise in near-zero gradients into visible weight differences)."""
     seen: dict[str, torch.Tensor] = {}
-    real_step = trainer.optimizer.step
 
-    def step(*args, **kwargs):
+    def before_step(optimizer, args, kwargs) -> None:
         seen.update({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
-        return real_step(*args, **kwargs)
 
-    trainer.optimizer.step = step
+    trainer.optimizer.register_step_pre_hook(before_step)
     return seen
 
 

@@ -1,0 +1,124 @@
+"""Decoding throughput of a trained model: greedy and beam 5, with the KV cache and without.
+
+Without the cache every step runs the decoder over the whole prefix again (O(t^2) per
+sentence), the way a model without incremental decoding must. Cached and uncached search give
+the same tokens (tests/test_search.py); here only their speed is compared, alternately, on the
+same sentences, in one process.
+
+    python -m benchmarks.decode_bench [--run RUN] [--sentences 1000] [--uncached-sentences 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import OUT, SHARED, print_table
+from cli.checkpoint import load_for_inference
+from cli.translate import SearchOptions, encode_sources, translate_ids
+from data.corpus import load_corpus
+
+
+def source_sentences(n: int) -> list[str]:
+    if (SHARED / "test.es").exists():
+        lines = (SHARED / "test.es").read_text(encoding="utf-8").splitlines()
+    else:
+        lines = list(load_corpus("bundled:bible-es-en/test", "es", "en")["src"])
+    return lines[:n]
+
+
+def timed(model, tokenizer, config, src_ids, options, repeats: int) -> tuple[float, int]:
+    """Median seconds of translating `src_ids`, and the target tokens produced (EOS counted)."""
+    times, tokens = [], 0
+    for _ in range(repeats):
+        device = model_device(model)
+        start = time.perf_counter()
+        hyps = translate_ids(model, tokenizer, src_ids, config.decode, options, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+        tokens = sum(len(h[0].tokens) + 1 for h in hyps)
+    return statistics.median(times), tokens
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def run(
+    run_dir: Path,
+    sentences: int = 1000,
+    uncached_sentences: int = 200,
+    repeats: int = 1,
+    device_name: str = "cpu",
+) -> dict:
+    model, tokenizer, config = load_for_inference(run_dir, torch.device(device_name))
+    lines = source_sentences(sentences)
+    src_ids = encode_sources(tokenizer, lines, model.config.max_positions, "test.es", 1)
+    results: dict[str, float] = {"sentences": len(lines), "threads": torch.get_num_threads()}
+    for name, beam in (("greedy", 1), ("beam5", 5)):
+        seconds, tokens = timed(model, tokenizer, config, src_ids, SearchOptions(beam), repeats)
+        results[f"{name}_sentences_per_s"] = len(src_ids) / seconds
+        results[f"{name}_tokens_per_s"] = tokens / seconds
+        # The same subset with and without the cache, one after the other.
+        subset = src_ids[:uncached_sentences]
+        cached_s, cached_tokens = timed(
+            model, tokenizer, config, subset, SearchOptions(beam), repeats
+        )
+        uncached_s, uncached_tokens = timed(
+            model, tokenizer, config, subset, SearchOptions(beam, use_cache=False), repeats
+        )
+        assert cached_tokens == uncached_tokens, "cached and uncached search disagree"
+        results[f"{name}_uncached_tokens_per_s"] = uncached_tokens / uncached_s
+        results[f"{name}_speedup_vs_uncached"] = uncached_s / cached_s
+    return results
+
+
+def default_run() -> Path:
+    """A trained `small` run: runs/small if there is one, else bench-out/small (trained once)."""
+    for candidate in (Path("runs/small"), OUT / "small"):
+        if (candidate / "checkpoints" / "last.pt").exists():
+            return candidate
+    from cli.config import load_config
+    from cli.train import run_train
+
+    print(f"training `small` for 180 s into {OUT / 'small'} (once) to have a model to decode")
+    config = load_config(
+        "small", ["train.max_time=180", "train.eval_every=0", "train.save_every=0"]
+    )
+    run_train(config, OUT / "small", resume=False, force=True)
+    return OUT / "small"
+
+
+def print_results(r: dict) -> None:
+    rows = [("search", "sentences/s", "target tokens/s", "uncached tokens/s", "cache speed-up")]
+    for name in ("greedy", "beam5"):
+        rows.append(
+            (
+                name,
+                f"{r[f'{name}_sentences_per_s']:.1f}",
+                f"{r[f'{name}_tokens_per_s']:,.0f}",
+                f"{r[f'{name}_uncached_tokens_per_s']:,.0f}",
+                f"{r[f'{name}_speedup_vs_uncached']:.2f}x",
+            )
+        )
+    print_table(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, default=None)
+    parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--uncached-sentences", type=int, default=200)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    run_dir = args.run or default_run()
+    print_results(run(run_dir, args.sentences, args.uncached_sentences, 1, args.device))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""`make bench`: every benchmark in one run, printed as tables and written as JSON.
+
+    python -m benchmarks.run [--quick]
+
+Data pipeline (tokenizer, encoding, batching, padding efficiency); training throughput of
+`small` against the torch.nn.Transformer reference (alternating, fp32 and CPU bf16); decoding
+throughput of greedy and beam 5 against uncached decoding. Results: bench-out/bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import datasets
+import torch
+
+from benchmarks import data_bench, decode_bench, train_bench
+from benchmarks.common import OUT
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer batches and sentences")
+    args = parser.parse_args()
+    datasets.disable_progress_bars()
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    results: dict = {
+        "machine": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "processor": platform.processor() or platform.machine(),
+        }
+    }
+
+    print("\n== data pipeline (28k-pair corpus, vocab 8000, max_tokens 4096)")
+    results["data"] = data_bench.run()
+
+    print("\n== training step of `small`: tf vs torch.nn.Transformer, same batches and loss")
+    n_batches, repeats = (3, 2) if args.quick else (6, 3)
+    results["train"] = train_bench.run("small", n_batches, repeats)
+    train_bench.print_results(results["train"], ("fp32", "bf16"))
+
+    print("\n== decoding test.es with a trained `small`: KV cache vs full recomputation")
+    sentences, uncached = (300, 60) if args.quick else (1000, 200)
+    run_dir = decode_bench.default_run()
+    results["decode"] = decode_bench.run(run_dir, sentences, uncached)
+    results["decode"]["run"] = str(run_dir)
+    decode_bench.print_results(results["decode"])
+
+    results["seconds"] = time.perf_counter() - started
+    OUT.mkdir(exist_ok=True)
+    (OUT / "bench.json").write_text(json.dumps(results, indent=2))
+    print(f"\n{results['seconds']:.0f} s in all; results in {OUT / 'bench.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""DistributedDataParallel through torch.distributed (Gloo on CPU), 2 processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from cli import distributed
+from cli.checkpoint import RunDir, load_checkpoint
+from cli.config import load_config
+from cli.train import Trainer, start_run
+from data.batching import collate
+
+ROOT = Path(__file__).resolve().parent.parent
+# Adam's first step is about lr * sign(g): with the default eps, float noise in gradients that
+# are zero in exact arithmetic (e.g. key biases) would flip signs between the two set-ups.
+# A larger eps keeps such updates as small as the gradients, so weights compare to 1e-6.
+COMMON = [
+    "train.precision=fp32",
+    "model.dropout=0.0",
+    "train.clip_norm=0.0",
+    "train.adam_eps=1e-3",
+    "train.eval_every=0",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_update(rank: int, world_size: int, port: int, prefix: str, run: str, out: str) -> None:
+    """Build a trainer as `tf train` would on this rank; update once on this rank's half of a
+    fixed batch (the whole batch when alone); the main rank saves the weights."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+    )
+    config = load_config("tiny", [f"data.train={prefix}", f"data.dev={prefix}", *COMMON])
+    dd, device = distributed.init("cpu")
+    try:
+        if dd.main:
+            start_run(config, Path(run), force=True)
+        distributed.barrier(dd)
+        trainer = Trainer(config, RunDir(Path(run)), dd, device)
+        # The same first batch of the single-process plan on every rank, then this rank's part.
+        batch = first_batch(trainer)
+        rows = list(range(batch.src.size(0)))
+        mine = rows if world_size == 1 else rows[rank::world_size]
+        trainer.update([sub_batch(batch, mine, trainer.tokenizer)])
+        if dd.main:
+            torch.save(trainer.model.state_dict(), out)
+    finally:
+        distributed.shutdown(dd)
+
+
+def first_batch(trainer: Trainer):
+    from data.batching import BatchIterator
+    from data.corpus import encode_corpus, load_corpus, token_ids
+
+    config, tok = trainer.config, trainer.tokenizer
+    encoded = encode_corpus(load_corpus(config.data.train, "es", "en"), tok)
+    it = BatchIterator(
+        token_ids(encoded, "src_ids"),
+        token_ids(encoded, "tgt_ids"),
+        max_tokens=config.train.max_tokens,
+        pad_id=tok.pad_id,
+        bos_id=tok.bos_id,
+        eos_id=tok.eos_id,
+        seed=0,
+    )
+    return next(iter(it))
+
+
+def sub_batch(batch, rows: list[int], tok):
+    src = [batch.src[i][~batch.src_pad_mask[i]].tolist() for i in rows]
+    tgt = [batch.tgt_out[i][~batch.tgt_pad_mask[i]].tolist()[:-1] for i in rows]  # drop EOS
+    return collate(src, tgt, tok.pad_id, tok.bos_id, tok.eos_id, rows)
+
+
+def test_two_ranks_on_half_batches_equal_one_process_on_the_whole(tmp_path, tiny_prefix):
+    single, double = tmp_path / "single.pt", tmp_path / "double.pt"
+    mp.spawn(one_update, (1, free_port(), tiny_prefix, str(tmp_path / "r1"), str(single)), nprocs=1)
+    mp.spawn(one_update, (2, free_port(), tiny_prefix, str(tmp_path / "r2"), str(double)), nprocs=2)
+    a, b = torch.load(single), torch.load(double)
+    moved = 0
+    fresh = Trainer(
+        load_config("tiny", [f"data.train={tiny_prefix}", f"data.dev={tiny_prefix}", *COMMON]),
+        RunDir(tmp_path / "r1"),
+        distributed.Dist(),
+        torch.device("cpu"),
+    ).model.state_dict()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+        moved += int(not torch.equal(a[k], fresh[k]))
+    assert moved > 0  # the update did something
+
+
+def torchrun(*args: str) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--nnodes=1",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+        "-m",
+        "cli.main",
+        "train",
+        *args,
+    ]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_torchrun_two_processes_write_one_run_and_resume(tmp_path, tiny_prefix):
+    run = tmp_path / "run"
+    sets = [
+        f"--set=data.train={tiny_prefix}",
+        f"--set=data.dev={tiny_prefix}",
+        "--set=train.log_every=1",
+        "--set=train.save_every=2",
+        "--set=train.eval_every=4",
+    ]
+    done = torchrun("tiny", "--out", str(run), "--set=train.max_steps=4", *sets)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in records if "loss" in r]
+    assert train_steps == [1, 2, 3, 4]  # one metrics file, each step once (rank 0 writes)
+    assert [r["step"] for r in records if "dev_bleu" in r] == [4]
+    ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert ckpt["world_size"] == 2 and len(ckpt["ranks"]) == 2 and ckpt["step"] == 4
+    assert [r["iterator"]["rank"] for r in ckpt["ranks"]] == [0, 1]
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["best.pt", "last.pt", "step_2.pt", "step_4.pt"]
+
+    resumed = torchrun("--resume", str(run), "--set=train.max_steps=6", "--allow-config-change")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 6
+
+    # A checkpoint written by two processes translates in one.
+    out = subprocess.run(
+        [sys.executable, "-m", "cli.main", "translate", str(run), "--greedy"],
+        input="Y dijo Dios.\n",
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.splitlines()) == 1
