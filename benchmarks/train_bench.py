@@ -17,8 +17,11 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -32,9 +35,16 @@ from model.transformer import ModelConfig, Transformer, sinusoidal_positions
 
 
 class Reference(nn.Module):
-    """Embeddings (x sqrt(D) + sinusoidal), torch.nn.Transformer (Post-LN), tied generator."""
+    """Embeddings (x sqrt(D) + sinusoidal), torch.nn.Transformer (Post-LN), tied generator.
 
-    def __init__(self, config: ModelConfig, vocab_size: int, pad_id: int) -> None:
+    nn.Transformer applies its one `dropout` everywhere: residual, attention probabilities and
+    after the ReLU. With `matched`, the attention and activation dropouts are set to the tf
+    config's, so both models compute the same function and only the implementation differs.
+    """
+
+    def __init__(
+        self, config: ModelConfig, vocab_size: int, pad_id: int, matched: bool = False
+    ) -> None:
         super().__init__()
         D = config.d_model
         self.embed = nn.Embedding(vocab_size, D, padding_idx=pad_id)
@@ -53,6 +63,13 @@ class Reference(nn.Module):
         )
         self.dropout = nn.Dropout(config.dropout)
         self.scale = math.sqrt(D)
+        if matched:
+            t = self.transformer
+            for layer in [*t.encoder.layers, *t.decoder.layers]:
+                layer.self_attn.dropout = config.attention_dropout
+                layer.dropout.p = config.activation_dropout  # the one after the ReLU
+            for layer in t.decoder.layers:
+                layer.multihead_attn.dropout = config.attention_dropout
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.embed(ids) * self.scale + self.positions[: ids.size(1)])
@@ -93,7 +110,8 @@ def reference_loss(model: Reference, batch, eps: float, pad_id: int) -> torch.Te
 
 
 def build(which: str, config, tokenizer, device: torch.device, compile: bool = False):
-    """A function doing one training step of model `which` ("tf" or "reference")."""
+    """A function doing one training step of model `which`: "tf", "reference" (torch's dropout
+    everywhere) or "reference_matched" (dropout placed as in the tf config)."""
     torch.manual_seed(0)
     eps = config.train.label_smoothing
     if which == "tf":
@@ -105,7 +123,9 @@ def build(which: str, config, tokenizer, device: torch.device, compile: bool = F
         def loss_fn(batch):
             return ours_loss(net, batch, eps)
     else:
-        model = Reference(config.model, tokenizer.tgt_vocab_size, tokenizer.pad_id).to(device)
+        matched = which == "reference_matched"
+        model = Reference(config.model, tokenizer.tgt_vocab_size, tokenizer.pad_id, matched)
+        model = model.to(device)
 
         def loss_fn(batch):
             return reference_loss(model, batch, eps, tokenizer.pad_id)
@@ -140,19 +160,29 @@ def synchronize(device: torch.device) -> None:
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
 
-def peak_rss_mb(which: str, config_name: str, precision: str, n_batches: int) -> float:
-    """Peak resident memory of a fresh process doing `n_batches` CPU steps of one model."""
-    code = (
-        f"from benchmarks.train_bench import memory_probe; "
-        f"memory_probe({which!r}, {config_name!r}, {precision!r}, {n_batches})"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+def peak_rss_mb(which: str, config_name: str, precision: str, batches, tokenizer) -> float:
+    """Peak resident memory of a fresh process that only loads the batches and trains `which`
+    on them (loading the corpus would otherwise set the peak)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "batches.pt"
+        torch.save(batches, path)
+        vocab = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+        code = (
+            "from benchmarks.train_bench import memory_probe; "
+            f"memory_probe({which!r}, {config_name!r}, {precision!r}, {str(path)!r}, {vocab})"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def memory_probe(which: str, config_name: str, precision: str, n_batches: int) -> None:
+def memory_probe(
+    which: str, config_name: str, precision: str, path: str, vocab: tuple[int, int, int]
+) -> None:
     config = load_config(config_name)
-    tokenizer, batches = corpus_batches(config, n_batches)
+    batches = torch.load(path, weights_only=False)  # our own file, just written
+    tokenizer = SimpleNamespace(src_vocab_size=vocab[0], tgt_vocab_size=vocab[1], pad_id=vocab[2])
     cpu = torch.device("cpu")
     time_pass(build(which, config, tokenizer, cpu), batches, DTYPES[precision], cpu)
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
@@ -194,7 +224,8 @@ def run(
     tokenizer, batches = corpus_batches(config, n_batches)
     batches = [b.to(device) for b in batches]
     tokens = sum(b.n_tgt_tokens for b in batches)
-    steps = {name: build(name, config, tokenizer, device) for name in ("tf", "reference")}
+    names = ("tf", "reference", "reference_matched")
+    steps = {name: build(name, config, tokenizer, device) for name in names}
     if compile:
         steps["tf_compiled"] = build("tf", config, tokenizer, device, compile=True)
     flops = training_flops(config.model, tokenizer.tgt_vocab_size, batches)
@@ -215,7 +246,7 @@ def run(
                 results[f"{name}_{precision}_peak_mb"] = cuda_peak_mb(step, batches, dtype, device)
             elif memory and name != "tf_compiled":
                 results[f"{name}_{precision}_peak_mb"] = peak_rss_mb(
-                    name, config_name, precision, 2
+                    name, config_name, precision, batches[:2], tokenizer
                 )
     ref = results[f"reference_{precisions[0]}_tokens_per_s"]
     for key in [k for k in results if k.endswith("_tokens_per_s")]:
@@ -226,7 +257,7 @@ def run(
 def print_results(r: dict, precisions: tuple[str, ...]) -> None:
     base = precisions[0]
     rows = [("model", "precision", "target tokens/s", f"vs reference {base}", "TFLOP/s", "peak MB")]
-    for name in ("tf", "tf_compiled", "reference"):
+    for name in ("tf", "tf_compiled", "reference", "reference_matched"):
         for precision in precisions:
             key = f"{name}_{precision}"
             if f"{key}_tokens_per_s" not in r:
