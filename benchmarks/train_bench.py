@@ -185,7 +185,18 @@ def memory_probe(
     tokenizer = SimpleNamespace(src_vocab_size=vocab[0], tgt_vocab_size=vocab[1], pad_id=vocab[2])
     cpu = torch.device("cpu")
     time_pass(build(which, config, tokenizer, cpu), batches, DTYPES[precision], cpu)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(peak_resident_mb())
+
+
+def peak_resident_mb() -> float:
+    """This process's peak resident memory. Linux's VmHWM belongs to the address space, which
+    exec replaces; ru_maxrss would still carry the forking parent's peak."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def cuda_peak_mb(step, batches, dtype, device) -> float:

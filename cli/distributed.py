@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from cli.translate import pick_device
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -34,8 +36,6 @@ class Dist:
 
 def init(device_name: str) -> tuple[Dist, torch.device]:
     """Join the process group torchrun described (NCCL on GPUs, Gloo on CPUs), pick the device."""
-    from cli.translate import pick_device
-
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return Dist(), pick_device(device_name)
     d = Dist(

@@ -9,7 +9,15 @@ from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from cli.translate import read_lines
+from cli.checkpoint import load_for_inference
+from cli.translate import (
+    SearchOptions,
+    pick_device,
+    read_lines,
+    resolve_options,
+    translate_stream,
+)
+from data.errors import InputError
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
@@ -28,8 +36,7 @@ def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
 
 
 def read_text(path: Path) -> list[str]:
-    from data.errors import InputError
-
+    """A text file's lines (UTF-8 checked, file:line on error)."""
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     with open(path, "rb") as f:
@@ -37,8 +44,6 @@ def read_text(path: Path) -> list[str]:
 
 
 def check_parallel(src: Path, src_lines: list[str], ref: Path, ref_lines: list[str]) -> None:
-    from data.errors import InputError
-
     if len(src_lines) != len(ref_lines):
         raise InputError(f"{src} has {len(src_lines)} lines but {ref} has {len(ref_lines)}")
 
@@ -55,8 +60,6 @@ def run_eval(
     as_json: bool,
 ) -> str:
     """Translate `src` with the run's model (or read `hyp`) and score it against `ref`."""
-    from cli.translate import SearchOptions, pick_device, resolve_options, translate_stream
-    from data.errors import InputError
 
     refs = read_text(ref)
     settings: dict[str, Any] = {}
@@ -66,8 +69,6 @@ def run_eval(
     else:
         if run is None or src is None:
             raise InputError("tf eval needs RUN and --src, or --hyp")
-        from cli.checkpoint import load_for_inference
-
         srcs = read_text(src)
         check_parallel(src, srcs, ref, refs)
         device = pick_device(device_name)

@@ -67,7 +67,7 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 
 def prepare_tokenizer(config: Config, run: RunDir, train_corpus) -> Tokenizer:
     """The run's tokenizer, trained on the training corpus when the run has none yet."""
-    if not (run.tokenizer / "joint.model").exists() and not (run.tokenizer / "src.model").exists():
+    if not Tokenizer.found_in(run.tokenizer):
         log.info(
             "training a %s tokenizer (vocab %d) on %d pairs",
             config.data.tokenizer_type,
@@ -504,7 +504,16 @@ class Trainer:
                     refresh=False,
                 )
             if p.step % t.log_every == 0:
-                self.log_window(window)
+                record = self.log_window(window)
+                if self.dist.main and (bar is None or bar.disable):  # no terminal: a log line
+                    log.info(
+                        "step %d: loss %.3f  nll %.3f  lr %.2e  %.0f tokens/s",
+                        p.step,
+                        record["loss"],
+                        record["nll"],
+                        record["lr"],
+                        record["tokens_per_s"],
+                    )
             if t.eval_every and p.step % t.eval_every == 0:
                 self.evaluate_and_save()
             elif t.save_every and p.step % t.save_every == 0:
@@ -537,7 +546,8 @@ class Trainer:
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
-    def log_window(self, window: dict[str, float]) -> None:
+    def log_window(self, window: dict[str, float]) -> dict[str, Any]:
+        """Write the averages of the updates since the last log line, reset the window."""
         p = self.progress
         tokens = window["tokens"]
         record = {
@@ -554,6 +564,7 @@ class Trainer:
             self.write_metrics(record)
         for k in window:
             window[k] = 0 if k == "updates" else 0.0
+        return record
 
     def write_metrics(self, record: dict[str, Any]) -> None:
         with open(self.run.metrics, "a", encoding="utf-8") as f:

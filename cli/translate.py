@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TextIO
 import torch
 import torch.nn.functional as F
 
+from cli.checkpoint import load_for_inference
 from cli.config import DecodeConfig
 from data.batching import Batch, batch_by_tokens, collate
 from data.errors import InputError
@@ -216,9 +217,10 @@ def run_translate(
     of the cross-attention of each line's best translation (see `cli.attention`)."""
     from tqdm import tqdm
 
-    from cli.attention import prepare_attention, write_attention
-    from cli.checkpoint import load_for_inference
+    from cli.attention import prepare_attention, write_attention  # matplotlib: optional
 
+    if input_path is not None and not input_path.is_file():
+        raise InputError(f"{input_path}: no such file")
     device = pick_device(device_name)
     model, tokenizer, config = load_for_inference(run, device)
     options = resolve_options(options, config.decode)

@@ -47,11 +47,6 @@ class Batch:
         )
 
 
-def causal_mask(size: int, device: torch.device | str | None = None) -> Tensor:
-    """(T, T) bool mask, True = blocked: position t may not attend to positions after t."""
-    return torch.ones(size, size, dtype=torch.bool, device=device).triu(diagonal=1)
-
-
 def collate(
     src: Sequence[Sequence[int]],
     tgt: Sequence[Sequence[int]] | None,

@@ -154,6 +154,12 @@ class Tokenizer:
         self.src_vocab_size = self._src.get_piece_size()
         self.tgt_vocab_size = self._tgt.get_piece_size()
 
+    @staticmethod
+    def found_in(directory: str | os.PathLike) -> bool:
+        """Whether `directory` holds a tokenizer (`joint.model`, or `src.model`/`tgt.model`)."""
+        directory = Path(directory)
+        return (directory / JOINT_MODEL).is_file() or (directory / SRC_MODEL).is_file()
+
     @classmethod
     def load(cls, directory: str | os.PathLike) -> Tokenizer:
         """Load `joint.model`, or `src.model` and `tgt.model`, from `directory`.

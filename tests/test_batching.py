@@ -12,7 +12,6 @@ from data.batching import (
     BatchIterator,
     RaggedIds,
     batch_by_tokens,
-    causal_mask,
     collate,
 )
 
@@ -80,14 +79,6 @@ def test_collate_without_targets_for_inference():
     assert batch.tgt_in.shape == batch.tgt_out.shape == batch.tgt_pad_mask.shape == (2, 0)
     assert batch.n_tgt_tokens == 0
     assert batch.to("cpu").src.tolist() == [[11, 12], [13, PAD]]
-
-
-def test_causal_mask_blocks_the_future():
-    assert causal_mask(3).tolist() == [
-        [False, True, True],
-        [False, False, True],
-        [False, False, False],
-    ]
 
 
 def test_batch_by_tokens_sorts_covers_and_keeps_the_budget():

@@ -250,6 +250,7 @@ def test_bad_checkpoints_and_eval_files(tmp_path, trained, tiny_prefix):
     torch.save({"weights": torch.zeros(2)}, foreign)
     assert_user_error(tf("translate", foreign, input="hola\n"), "foreign.pt", "not a tf")
     assert_user_error(tf("translate", tmp_path / "missing.pt", input="hola\n"), "missing.pt")
+    assert_user_error(tf("translate", trained, "-i", tmp_path / "none.es"), "none.es")
 
     ref = Path(f"{tiny_prefix}.en")
     two = tmp_path / "two.es"

@@ -313,3 +313,11 @@ def test_paper_model_sizes(sizes, low, high):
         model = Transformer(config, 37000, 37000, PAD)
     assert count_parameters(config, 37000, 37000) == model.num_parameters()
     assert low <= model.num_parameters() <= high
+
+
+def test_causal_mask_blocks_the_future():
+    assert causal_mask(3).tolist() == [
+        [False, True, True],
+        [False, False, True],
+        [False, False, False],
+    ]
