@@ -30,6 +30,7 @@ from torch import nn
 from benchmarks.common import corpus_batches, print_table
 from cli.config import load_config
 from cli.optim import build_optimizer
+from cli.train import configure_device
 from model.loss import label_smoothed_cross_entropy
 from model.transformer import ModelConfig, Transformer, sinusoidal_positions
 
@@ -184,6 +185,7 @@ def memory_probe(
     batches = torch.load(path, weights_only=False)  # our own file, just written
     tokenizer = SimpleNamespace(src_vocab_size=vocab[0], tgt_vocab_size=vocab[1], pad_id=vocab[2])
     cpu = torch.device("cpu")
+    configure_device(cpu)
     time_pass(build(which, config, tokenizer, cpu), batches, DTYPES[precision], cpu)
     print(peak_resident_mb())
 
@@ -231,6 +233,7 @@ def run(
 ) -> dict:
     """Tokens/s of each model and precision (medians of alternating repeats), ratios, memory."""
     device = torch.device(device_name)
+    configure_device(device)  # as `tf train` does; process-wide, so for both models alike
     config = load_config(config_name)
     tokenizer, batches = corpus_batches(config, n_batches)
     batches = [b.to(device) for b in batches]
