@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +216,6 @@ class Progress:
     bad_steps: int = 0  # non-finite losses in a row
     best: float | None = None  # best validation metric so far
     evals_since_best: int = 0
-    history: list[float] = field(default_factory=list)
 
 
 class Trainer:
@@ -279,13 +278,7 @@ class Trainer:
             "ranks": distributed.gather_to_main(
                 self.dist, {"iterator": self.data.train.state_dict(), "rng": rng_state()}
             ),
-            "progress": {
-                "elapsed": p.elapsed,
-                "bad_steps": p.bad_steps,
-                "best": p.best,
-                "evals_since_best": p.evals_since_best,
-                "history": p.history,
-            },
+            "progress": asdict(p),
             "config": self.config.to_dict(),
             "tokenizer_digest": self.tokenizer.digest(),
             "world_size": self.dist.world_size,
@@ -329,15 +322,7 @@ class Trainer:
         mine = ckpt["ranks"][self.dist.rank]
         self.data.train.load_state_dict(mine["iterator"])
         set_rng_state(mine["rng"])
-        p = ckpt["progress"]
-        self.progress = Progress(
-            ckpt["step"],
-            p["elapsed"],
-            p["bad_steps"],
-            p["best"],
-            p["evals_since_best"],
-            list(p["history"]),
-        )
+        self.progress = Progress(**ckpt["progress"])
         if self.dist.main:
             truncate_metrics(self.run.metrics, ckpt["step"])
         log.info("resumed from %s at step %d", path, ckpt["step"])
@@ -399,7 +384,6 @@ class Trainer:
             "loss": loss_sum / tokens,
             "nll": nll_sum / tokens,
             "tokens": tokens,
-            "local_tokens": local_tokens,
         }
 
     # -- validation
@@ -468,7 +452,6 @@ class Trainer:
             "dev_loss" if t.early_stop_metric == "loss" else f"dev_{t.early_stop_metric}"
         ]
         sign = -1.0 if t.early_stop_metric == "loss" else 1.0  # higher is better after the sign
-        p.history.append(value)
         if p.best is None or sign * value > sign * p.best:
             p.best, p.evals_since_best = value, 0
             return True
