@@ -130,17 +130,16 @@ def write_attention(
     tokenizer: Tokenizer,
     options: AttentionOptions,
     line_number: int,
-    line: str,
+    src_ids: list[int],
     hyp_tokens: list[int],
 ) -> Path | None:
     """Save the heatmap of one translated input line as DIR/NNNN.png; None for an empty line.
 
     Args:
         line_number: 1-based, the file name (zero-padded to 4 digits or more).
-        line: the raw source line; hyp_tokens: its best translation, without BOS and EOS.
+        src_ids: the line's source ids as translated; hyp_tokens: its best translation,
+            without BOS and EOS.
     """
-    # Encoded and cut exactly as `encode_sources` did for the translation.
-    src_ids = tokenizer.encode_src([line.strip()])[0][: model.config.max_positions]
     if not src_ids:
         return None
     weights, src_pieces, tgt_pieces = attention_matrix(

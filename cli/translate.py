@@ -180,13 +180,14 @@ def translate_stream(
     options: SearchOptions,
     device: torch.device,
     source: str = "<stdin>",
-) -> Iterator[tuple[str, list[Hypothesis]]]:
-    """Yield (source line, hypotheses) for each input line, in order, chunk by chunk."""
+) -> Iterator[tuple[list[int], list[Hypothesis]]]:
+    """Yield (source ids as translated, hypotheses) for each input line, in order, chunk by
+    chunk; the ids are encoded and truncated once, here (`--attention` reuses them)."""
     max_src = model.config.max_positions
     first = 1
     for chunk in chunks(lines):
         src_ids = encode_sources(tokenizer, chunk, max_src, source, first)
-        yield from zip(chunk, translate_ids(model, tokenizer, src_ids, decode, options, device))
+        yield from zip(src_ids, translate_ids(model, tokenizer, src_ids, decode, options, device))
         first += len(chunk)
 
 
@@ -244,10 +245,10 @@ def run_translate(
     tmp = output_path.with_name(f".{output_path.name}.partial") if output_path else None
     out: TextIO = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout  # noqa: SIM115
     try:
-        for n, (line, hyps) in enumerate(results, start=1):
+        for n, (src_ids, hyps) in enumerate(results, start=1):
             out.write("\n".join(format_hypotheses(tokenizer, hyps, scores, options.nbest)) + "\n")
             if attention is not None:
-                write_attention(model, tokenizer, attention, n, line, hyps[0].tokens)
+                write_attention(model, tokenizer, attention, n, src_ids, hyps[0].tokens)
             if tmp is None:
                 out.flush()  # stdout: show each translation as soon as its chunk is done
         if tmp is not None:

@@ -104,3 +104,9 @@ def test_a_vocab_too_small_for_the_characters_says_what_to_change(tmp_path, text
 def test_unknown_model_type(tmp_path, texts):
     with pytest.raises(InputError, match="model_type"):
         train_tokenizer(*texts, tmp_path, vocab_size=100, model_type="wordpiece")
+
+
+def test_found_in_tells_whether_a_folder_holds_a_tokenizer(tmp_path, tiny_tokenizer):
+    # `tf train` trains a tokenizer exactly when this is False: it must not miss a joint model.
+    assert not Tokenizer.found_in(tmp_path)
+    assert Tokenizer.found_in(tiny_tokenizer.directory)
