@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 
 from cli.config import Config, ConfigError, from_dict
+from cli.files import atomic_output
 from data.tokenizer import Tokenizer
 from model.transformer import Transformer
 
@@ -66,22 +66,8 @@ class RunDir:
 
 def save_atomic(obj: dict[str, Any], path: Path) -> None:
     """Write `obj` with torch.save so that `path` is either the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    with atomic_output(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def save_copies(obj: dict[str, Any], paths: list[Path]) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from cli.device import DEVICE_PATTERN
 from model.transformer import ModelConfig
 
 
@@ -115,7 +116,21 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         raw = read_yaml(path)
     for item in overrides:
         apply_override(raw, item)
-    return from_dict(Config, raw, source)
+    return check_config(from_dict(Config, raw, source), source)
+
+
+def with_overrides(
+    config: Config, overrides: list[str], sections: tuple[str, ...] = ("decode",)
+) -> Config:
+    """`config` with `section.key=value` overrides applied to the given sections, checked."""
+    raw = config.to_dict()
+    for item in overrides:
+        section = item.partition("=")[0].strip().split(".")[0]
+        if section not in sections:
+            allowed = ", ".join(f"{s}.KEY" for s in sections)
+            raise ConfigError(f"--set {item}: only {allowed} can be set here")
+        apply_override(raw, item)
+    return check_config(from_dict(Config, raw, "--set"), "--set")
 
 
 def resolve_config_path(path: str | Path) -> Path:
@@ -225,6 +240,63 @@ def check_type(value: Any, hint: Any, dotted: str, source: str) -> Any:
         return value
     name = getattr(hint, "__name__", str(hint))
     raise ConfigError(f"{source}: {dotted} must be {name}, got {value!r}")
+
+
+# Ranges the types cannot say, checked once at load so that no bad value reaches any work.
+POSITIVE = (
+    "data.max_len model.d_model model.n_heads model.d_ff model.n_encoder_layers "
+    "model.n_decoder_layers train.max_tokens train.max_sentences train.update_freq train.lr "
+    "train.warmup_steps train.adam_eps train.max_bad_steps train.log_every decode.beam_size "
+    "decode.nbest decode.max_tokens"
+).split()  # warmup_steps 0 would divide by zero (noam) or leave the lr at 0 (inverse_sqrt)
+NON_NEGATIVE = (
+    "train.max_steps train.max_epochs train.max_time train.weight_decay train.clip_norm "
+    "train.eval_every train.eval_bleu_sentences train.patience train.save_every train.keep_last "
+    "decode.max_len_a decode.max_len_b decode.min_len decode.no_repeat_ngram_size"
+).split()
+FRACTIONS = (  # in [0, 1)
+    "model.dropout model.attention_dropout model.activation_dropout train.label_smoothing"
+).split()
+
+
+def check_config(config: Config, source: str) -> Config:
+    """Check values and relations between them; ConfigError naming the key, else `config`."""
+    values = {f"{s}.{k}": v for s, section in config.to_dict().items() for k, v in section.items()}
+
+    def fail(problem: str) -> None:
+        raise ConfigError(f"{source}: {problem}")
+
+    for key in POSITIVE:
+        if values[key] <= 0:
+            fail(f"{key} must be positive, got {values[key]!r}")
+    for key in NON_NEGATIVE:
+        if values[key] < 0:
+            fail(f"{key} must be 0 or more, got {values[key]!r}")
+    for key in FRACTIONS:
+        if not 0 <= values[key] < 1:
+            fail(f"{key} must be in [0, 1), got {values[key]!r}")
+    d, m, t, dec = config.data, config.model, config.train, config.decode
+    if d.vocab_size < 8:  # the four special pieces and a few more
+        fail(f"data.vocab_size must be 8 or more, got {d.vocab_size}")
+    if not 0 < d.character_coverage <= 1:
+        fail(f"data.character_coverage must be in (0, 1], got {d.character_coverage}")
+    if d.max_len_ratio < 1:
+        fail(f"data.max_len_ratio must be 1 or more, got {d.max_len_ratio}")
+    if d.max_len >= m.max_positions:  # a target of max_len pieces is max_len + 1 with BOS
+        fail(f"data.max_len {d.max_len} must be below model.max_positions {m.max_positions}")
+    if m.d_model % m.n_heads:
+        fail(f"model.d_model {m.d_model} is not divisible by model.n_heads {m.n_heads}")
+    if m.d_model % 2:
+        fail(f"model.d_model {m.d_model} must be even (sine and cosine positions in pairs)")
+    if m.tie_embeddings == "all" and not d.joint_vocab:
+        fail("model.tie_embeddings 'all' needs data.joint_vocab: true (one shared vocabulary)")
+    if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
+        fail(f"train.betas must be two numbers in [0, 1), got {t.betas!r}")
+    if not DEVICE_PATTERN.fullmatch(t.device):
+        fail(f"train.device {t.device!r} is unknown (expected auto, cpu, cuda or cuda:N)")
+    if dec.nbest > dec.beam_size:
+        fail(f"decode.nbest {dec.nbest} needs decode.beam_size {dec.nbest} or more")
+    return config
 
 
 def save_config(config: Config, path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cli.translate import pick_device
+from cli.device import pick_device
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,13 @@ def sum_over_ranks(d: Dist, values: list[float], device: torch.device) -> list[f
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def sum_tensor_over_ranks(d: Dist, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` summed over all ranks in place, on its device (no wait for the host)."""
+    if d.active:
+        dist.all_reduce(tensor)
+    return tensor
 
 
 def any_rank(d: Dist, flag: bool, device: torch.device) -> bool:

@@ -10,14 +10,14 @@ from typing import Any
 from sacrebleu.metrics import BLEU, CHRF
 
 from cli.checkpoint import load_for_inference
+from cli.config import with_overrides
+from cli.device import pick_device
 from cli.translate import (
     SearchOptions,
-    pick_device,
-    read_lines,
-    resolve_options,
     translate_stream,
 )
 from data.errors import InputError
+from data.text import read_file_lines
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
@@ -35,14 +35,6 @@ def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
     }
 
 
-def read_text(path: Path) -> list[str]:
-    """A text file's lines (UTF-8 checked, file:line on error)."""
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    with open(path, "rb") as f:
-        return list(read_lines(f, str(path)))
-
-
 def check_parallel(src: Path, src_lines: list[str], ref: Path, ref_lines: list[str]) -> None:
     if len(src_lines) != len(ref_lines):
         raise InputError(f"{src} has {len(src_lines)} lines but {ref} has {len(ref_lines)}")
@@ -53,27 +45,29 @@ def run_eval(
     src: Path | None,
     ref: Path,
     hyp: Path | None,
-    beam_size: int | None,
-    greedy: bool,
+    overrides: list[str],
     device_name: str,
     limit: int,
     as_json: bool,
 ) -> str:
     """Translate `src` with the run's model (or read `hyp`) and score it against `ref`."""
 
-    refs = read_text(ref)
+    refs = read_file_lines(ref)
     settings: dict[str, Any] = {}
     if hyp is not None:
-        hyps = read_text(hyp)
+        hyps = read_file_lines(hyp)
         check_parallel(hyp, hyps, ref, refs)
+        if limit:
+            hyps, refs = hyps[:limit], refs[:limit]
     else:
         if run is None or src is None:
             raise InputError("tf eval needs RUN and --src, or --hyp")
-        srcs = read_text(src)
+        srcs = read_file_lines(src)
         check_parallel(src, srcs, ref, refs)
         device = pick_device(device_name)
         model, tokenizer, config = load_for_inference(run, device)
-        options = resolve_options(SearchOptions(1 if greedy else (beam_size or 0)), config.decode)
+        config = with_overrides(config, overrides)
+        options = SearchOptions.of(config.decode)
         if limit:
             srcs, refs = srcs[:limit], refs[:limit]
         out = translate_stream(model, tokenizer, srcs, config.decode, options, device, str(src))

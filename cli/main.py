@@ -10,6 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from data.errors import InputError
+
 app = typer.Typer(
     help="Train, run and score Transformer translation models.",
     no_args_is_help=True,
@@ -23,6 +25,26 @@ app.add_typer(tokenizer_app, name="tokenizer")
 SetOption = Annotated[
     Optional[list[str]],  # noqa: UP045 - typer reads the annotation at run time
     typer.Option("--set", help="Override a config value: section.key=value (repeatable)."),
+]
+
+
+Beam = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(help="Beam size [the run's decode.beam_size].", show_default=False),
+]
+Greedy = Annotated[bool, typer.Option(help="Greedy decoding (decode.beam_size=1).")]
+Nbest = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(help="Hypotheses per sentence ('k ||| text') [decode.nbest].", show_default=False),
+]
+Lenpen = Annotated[
+    Optional[float],  # noqa: UP045
+    typer.Option(help="GNMT length penalty alpha [decode.length_penalty].", show_default=False),
+]
+Device = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")]
+DecodeSet = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option("--set", help="Override a decode setting: decode.KEY=VALUE (repeatable)."),
 ]
 
 
@@ -114,16 +136,20 @@ def train(
 def translate(
     run: Annotated[str, typer.Argument(help="Run directory or checkpoint file.")],
     input: Annotated[
-        Path | None, typer.Option("-i", "--input", help="Source text [stdin].")
-    ] = None,  # noqa: UP045
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="Output [stdout].")] = None,  # noqa: UP045
-    beam: Annotated[
-        int | None, typer.Option(help="Beam size [the run's decode.beam_size].")
-    ] = None,  # noqa: UP045
-    greedy: Annotated[bool, typer.Option(help="Greedy decoding.")] = False,
-    nbest: Annotated[int, typer.Option(help="Hypotheses per sentence ('k ||| text').")] = 1,
+        Optional[Path],  # noqa: UP045
+        typer.Option("-i", "--input", help="Source text [stdin]."),
+    ] = None,
+    output: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("-o", "--output", help="Output [stdout]."),
+    ] = None,
+    beam: Beam = None,
+    greedy: Greedy = False,
+    nbest: Nbest = None,
+    lenpen: Lenpen = None,
+    set_: DecodeSet = None,
     scores: Annotated[bool, typer.Option(help="Print each hypothesis' score.")] = False,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    device: Device = "auto",
     attention: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(help="Write DIR/NNNN.png: each line's cross-attention (needs matplotlib)."),
@@ -138,11 +164,11 @@ def translate(
 ) -> None:
     """Translate raw text line by line (stdin to stdout by default)."""
     from cli.attention import AttentionOptions
-    from cli.translate import SearchOptions, run_translate
+    from cli.translate import decode_overrides, run_translate
 
-    options = SearchOptions(beam_size=1 if greedy else (beam or 0), nbest=nbest)
+    overrides = decode_overrides(beam, greedy, nbest, lenpen, set_ or [])
     pictures = AttentionOptions(attention, attention_layer, attention_head) if attention else None
-    run_translate(run, input, output, options, device, scores, attention=pictures)
+    run_translate(run, input, output, overrides, device, scores, attention=pictures)
 
 
 @app.command("eval")
@@ -152,20 +178,25 @@ def eval_(
     src: Annotated[Optional[Path], typer.Option(help="Source text to translate.")] = None,  # noqa: UP045
     ref: Annotated[Path, typer.Option(help="Reference translations.")] = ...,
     hyp: Annotated[
-        Path | None, typer.Option(help="Score this file instead of translating.")
-    ] = None,  # noqa: UP045
-    beam: Annotated[
-        int | None, typer.Option(help="Beam size [the run's decode.beam_size].")
-    ] = None,  # noqa: UP045
-    greedy: Annotated[bool, typer.Option(help="Greedy decoding.")] = False,
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Score this file instead of translating."),
+    ] = None,
+    beam: Beam = None,
+    greedy: Greedy = False,
+    lenpen: Lenpen = None,
+    set_: DecodeSet = None,
     limit: Annotated[int, typer.Option(help="Score only the first N lines (0: all).")] = 0,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    device: Device = "auto",
     json: Annotated[bool, typer.Option("--json", help="One JSON object for pipelines.")] = False,
 ) -> None:
     """Translate and score with sacrebleu: corpus BLEU and chrF, with signatures."""
     from cli.evaluate import run_eval
+    from cli.translate import decode_overrides
 
-    typer.echo(run_eval(run, src, ref, hyp, beam, greedy, device, limit, json))
+    if limit < 0:
+        raise InputError(f"--limit must be 0 (all) or more, got {limit}")
+    overrides = decode_overrides(beam, greedy, None, lenpen, set_ or [])
+    typer.echo(run_eval(run, src, ref, hyp, overrides, device, limit, json))
 
 
 @app.command()

@@ -50,3 +50,25 @@ def build_optimizer(
     # LambdaLR evaluates at 0 on creation: shift by one so the first update uses step 1.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: multiplier(k + 1))
     return optimizer, scheduler
+
+
+def apply_settings(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    train: TrainConfig,
+    d_model: int,
+) -> None:
+    """Make `train`'s optimiser settings those of the next update, over any that a resumed
+    checkpoint's optimiser and scheduler state brought back (a run resumed with a new lr,
+    betas, eps or weight decay uses them from its next update on)."""
+    multiplier = lr_multiplier(train, d_model)
+    for group in optimizer.param_groups:
+        group.update(
+            initial_lr=train.lr,
+            betas=tuple(train.betas),
+            eps=train.adam_eps,
+            weight_decay=train.weight_decay,
+        )
+        group["lr"] = train.lr * multiplier(scheduler.last_epoch + 1)
+    scheduler.base_lrs = [train.lr] * len(optimizer.param_groups)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

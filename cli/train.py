@@ -26,9 +26,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from cli import distributed
 from cli.checkpoint import FORMAT, RunDir, build_model, load_checkpoint, save_copies
-from cli.config import Config, ConfigError, config_diff, load_config, save_config
+from cli.config import Config, config_diff, load_config, save_config
+from cli.device import autocast_dtype, configure_device
 from cli.evaluate import score
-from cli.optim import build_optimizer
+from cli.files import atomic_output, check_output
+from cli.optim import apply_settings, build_optimizer
 from cli.translate import SearchOptions, translate_ids
 from data.batching import Batch, BatchIterator
 from data.corpus import encode_corpus, filter_pairs, load_corpus, token_ids
@@ -45,57 +47,62 @@ class TrainingError(Exception):
 # ----------------------------------------------------------------------------- setup
 
 
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for `train.precision` on this device (None: plain fp32).
+TOKENIZER_SETTINGS = "settings.json"  # beside the model(s): what the tokenizer was trained with
 
-    `auto` is bf16 on GPUs that support it (else fp16) and on CPUs with native bf16
-    (AVX512-BF16 or AMX), fp32 elsewhere. Master weights and Adam's state stay fp32.
+
+def tokenizer_settings(config: Config, corpus) -> dict[str, Any]:
+    """What a run's tokenizer must have been trained with to serve `config`."""
+    d = config.data
+    return {
+        "tokenizer_type": d.tokenizer_type,
+        "vocab_size": d.vocab_size,
+        "joint_vocab": d.joint_vocab,
+        "character_coverage": d.character_coverage,
+        "corpus": d.train,
+        "corpus_fingerprint": corpus._fingerprint,  # the corpus's content, through `datasets`
+    }
+
+
+def prepare_tokenizer(config: Config, run: RunDir, train_corpus, resume: bool) -> Tokenizer:
+    """The run's tokenizer, (re)trained unless the one there was trained as `config` asks.
+
+    A resumed run never retrains: its checkpoint's embeddings belong to its tokenizer, so a
+    config asking for another one is an error naming both.
     """
-    if precision == "fp32":
+    wanted = tokenizer_settings(config, train_corpus)
+    if Tokenizer.found_in(run.tokenizer):
+        found = read_tokenizer_settings(run.tokenizer)
+        if found == wanted:
+            return Tokenizer.load(run.tokenizer)
+        if resume:
+            if found is None:  # trained before settings were recorded; the digest still checks
+                return Tokenizer.load(run.tokenizer)
+            differ = [k for k in wanted if k != "corpus_fingerprint" and found.get(k) != wanted[k]]
+            if not differ:  # the same corpus spec, touched since: resume as the checkpoint says
+                return Tokenizer.load(run.tokenizer)
+            listing = ", ".join(f"{k} {found.get(k)!r} (config: {wanted[k]!r})" for k in differ)
+            raise TrainingError(f"{run.tokenizer}: the run's tokenizer was trained with {listing}")
+        log.info("the tokenizer in %s does not match the config: retraining it", run.tokenizer)
+    log.info(
+        "training a %s tokenizer (vocab %d) on %d pairs",
+        config.data.tokenizer_type,
+        config.data.vocab_size,
+        len(train_corpus),
+    )
+    return train_tokenizer_for(config, train_corpus, run.tokenizer)
+
+
+def read_tokenizer_settings(directory: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((directory / TOKENIZER_SETTINGS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
-    if precision == "fp16":
-        if device.type != "cuda":
-            raise ConfigError("train.precision: fp16 needs a CUDA device; use bf16 or auto")
-        return torch.float16
-    if precision == "bf16":
-        return torch.bfloat16
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return torch.bfloat16 if native else None
-
-
-def configure_device(device: torch.device) -> None:
-    """Process-wide settings for fast training on `device`.
-
-    On CPUs, flush denormal floats to zero: x86 computes on them in a slow microcode path, and
-    training produces them (tiny gradients and Adam moments). Measured here on `small` in fp32:
-    2,820 -> 3,000 target tokens/s; only values under ~1e-38 change (to 0). On CUDA, allow
-    TF32 matmuls.
-    """
-    if device.type == "cpu":
-        torch.set_flush_denormal(True)
-    elif device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-
-
-def prepare_tokenizer(config: Config, run: RunDir, train_corpus) -> Tokenizer:
-    """The run's tokenizer, trained on the training corpus when the run has none yet."""
-    if not Tokenizer.found_in(run.tokenizer):
-        log.info(
-            "training a %s tokenizer (vocab %d) on %d pairs",
-            config.data.tokenizer_type,
-            config.data.vocab_size,
-            len(train_corpus),
-        )
-        train_tokenizer_for(config, train_corpus, run.tokenizer)
-    return Tokenizer.load(run.tokenizer)
 
 
 def train_tokenizer_for(config: Config, corpus, out_dir: Path) -> Tokenizer:
+    """Train the tokenizer `config.data` asks for into `out_dir`, recording its settings."""
     d = config.data
-    return train_tokenizer(
+    tokenizer = train_tokenizer(
         corpus["src"],
         corpus["tgt"],
         out_dir,
@@ -105,6 +112,9 @@ def train_tokenizer_for(config: Config, corpus, out_dir: Path) -> Tokenizer:
         character_coverage=d.character_coverage,
         seed=config.train.seed,
     )
+    with atomic_output(out_dir / TOKENIZER_SETTINGS) as f:
+        json.dump(tokenizer_settings(config, corpus), f, indent=1)
+    return tokenizer
 
 
 @dataclass
@@ -159,18 +169,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """Every RNG a training step draws from; on CUDA, this rank's device's generator only (a
+    resume may see another number of visible GPUs)."""
     state = {"torch": torch.get_rng_state(), "python": python_rng_to_list(random.getstate())}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(python_rng_from_list(state["python"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if device.type == "cuda" and isinstance(state.get("cuda"), torch.Tensor):
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def python_rng_to_list(state: tuple) -> list:
@@ -191,9 +203,8 @@ def truncate_metrics(path: Path, step: int) -> None:
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     kept = [line for line in lines if record_step(line) <= step]
     if len(kept) != len(lines):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        tmp.replace(path)
+        with atomic_output(path) as f:
+            f.write("".join(kept))
 
 
 def record_step(line: str) -> float:
@@ -240,7 +251,7 @@ class Trainer:
         with distributed.main_first(dd):  # one rank trains the tokenizer and fills the caches
             d = config.data
             train_corpus = load_corpus(d.train, d.src_lang, d.tgt_lang)
-            self.tokenizer = prepare_tokenizer(config, run, train_corpus)
+            self.tokenizer = prepare_tokenizer(config, run, train_corpus, resume)
             self.data = prepare_data(config, self.tokenizer, train_corpus, dd)
         self.model = build_model(config, self.tokenizer).to(self.device)
         self.optimizer, self.scheduler = build_optimizer(
@@ -276,7 +287,7 @@ class Trainer:
             "epoch": round(self.epochs_done(), 3),
             # Per rank, in rank order: where its share of the batches stands, and its RNGs.
             "ranks": distributed.gather_to_main(
-                self.dist, {"iterator": self.data.train.state_dict(), "rng": rng_state()}
+                self.dist, {"iterator": self.data.train.state_dict(), "rng": rng_state(self.device)}
             ),
             "progress": asdict(p),
             "config": self.config.to_dict(),
@@ -287,15 +298,17 @@ class Trainer:
     def save(self, names: list[str]) -> None:
         """Write the state under each name in checkpoints/ (only the main rank writes), in order:
         last.pt comes first, so a step_N.pt on disk means last.pt is at least as new."""
-        state = self.state()  # every rank takes part: the per-rank states are gathered
-        if not self.dist.main:
-            return
-        if not all(
+        # Every rank checks (DDP keeps the weights equal) and all stop together if one must.
+        finite = all(
             torch.isfinite(v).all()
             for v in self.model.state_dict().values()
             if v.is_floating_point()
-        ):
+        )
+        if distributed.any_rank(self.dist, not finite, self.device):
             raise TrainingError("the weights hold NaN or inf; no checkpoint was written")
+        state = self.state()  # every rank takes part: the per-rank states are gathered
+        if not self.dist.main:
+            return
         save_copies(state, [self.run.checkpoints / name for name in names])
         self.prune_step_checkpoints()
 
@@ -305,7 +318,11 @@ class Trainer:
             old.unlink(missing_ok=True)
 
     def restore(self, path: Path) -> None:
-        ckpt = load_checkpoint(path, map_location=self.device)
+        """Continue from the checkpoint at `path`, with this session's config."""
+        # Loaded to the CPU: the RNG states must stay CPU byte tensors (a CUDA map_location makes
+        # torch.set_rng_state refuse them); weights and optimiser state are copied to the
+        # parameters' device by load_state_dict.
+        ckpt = load_checkpoint(path, map_location="cpu")
         if ckpt.get("world_size", 1) != self.dist.world_size:
             raise TrainingError(
                 f"{path}: written by {ckpt.get('world_size')} processes; resume "
@@ -318,10 +335,15 @@ class Trainer:
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
-        self.scaler.load_state_dict(ckpt["scaler"])
+        apply_settings(self.optimizer, self.scheduler, self.config.train, self.config.model.d_model)
+        if self.scaler.is_enabled() and ckpt["scaler"]:  # empty when the run was not fp16
+            self.scaler.load_state_dict(ckpt["scaler"])
         mine = ckpt["ranks"][self.dist.rank]
-        self.data.train.load_state_dict(mine["iterator"])
-        set_rng_state(mine["rng"])
+        try:
+            self.data.train.load_state_dict(mine["iterator"])
+        except ValueError as e:
+            raise TrainingError(f"{path}: cannot continue its batches: {e}") from None
+        set_rng_state(mine["rng"], self.device)
         self.progress = Progress(**ckpt["progress"])
         if self.dist.main:
             truncate_metrics(self.run.metrics, ckpt["step"])
@@ -351,10 +373,14 @@ class Trainer:
             batches.append(batch.to(self.device))
         return batches
 
-    def update(self, batches: list[Batch]) -> dict[str, float] | None:
-        """One optimiser update over `batches` (gradients summed); None if the loss was not finite.
+    def update(self, batches: list[Batch]) -> dict[str, Any]:
+        """One optimiser update over `batches` (gradients summed). If the loss or the gradient
+        is not finite, nothing changes but a lower fp16 loss scale, and the result says
+        "skipped": "overflow" (fp16 gradients past the loss scale: routine, GradScaler's own
+        remedy) or "non-finite".
 
-        The loss is normalised by the real target tokens of all the batches on all ranks.
+        The loss is normalised by the real target tokens of all the batches on all ranks. The
+        losses and the gradient norm reach the host together, once per update.
         """
         t = self.config.train
         local_tokens = sum(b.n_tgt_tokens for b in batches)
@@ -369,14 +395,21 @@ class Trainer:
                 loss, nll = self.loss_of(batch)
                 self.scaler.scale(loss * norm).backward()
             sums += torch.stack([loss.detach(), nll.detach()])
-        loss_sum, nll_sum = distributed.sum_over_ranks(self.dist, sums.tolist(), self.device)
-        if not math.isfinite(loss_sum):
+        distributed.sum_tensor_over_ranks(self.dist, sums)
+        self.scaler.unscale_(self.optimizer)  # fp16 only; records inf gradients for update()
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads)  # the same on every rank after DDP
+        loss_sum, nll_sum, gnorm = torch.cat([sums, grad_norm[None].to(sums)]).tolist()
+        if not (math.isfinite(loss_sum) and math.isfinite(gnorm)):
+            # A NaN gradient with a finite loss would turn every weight into NaN through
+            # clipping or Adam: skipped like a NaN loss.
             self.optimizer.zero_grad(set_to_none=True)
-            return None
+            self.scaler.update()  # fp16: a lower loss scale next time
+            overflow = self.scaler.is_enabled() and math.isfinite(loss_sum)
+            return {"skipped": "overflow" if overflow else "non-finite"}
         if t.clip_norm > 0:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
-        self.scaler.step(self.optimizer)
+            torch.nn.utils.clip_grads_with_norm_(grads, t.clip_norm, grad_norm)
+        self.optimizer.step()  # gradients checked above, so GradScaler.step's check is not needed
         self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -474,7 +507,10 @@ class Trainer:
             result = self.update(self.next_batches())
             took = time.perf_counter() - start
             p.elapsed = earlier + time.perf_counter() - session_start
-            if result is None:
+            if result.get("skipped") == "overflow":
+                log.debug("step %d: fp16 gradient overflow, loss scale lowered", p.step + 1)
+                continue
+            if result.get("skipped"):
                 p.bad_steps += 1
                 log.warning(
                     "step %d: non-finite loss, update skipped (%d in a row)",
@@ -604,6 +640,9 @@ class Trainer:
 def start_run(config: Config, out: Path, force: bool) -> RunDir:
     """Lay out a new run directory; never clobber an existing run unless forced."""
     run = RunDir(out)
+    if out.exists() and not out.is_dir():
+        raise TrainingError(f"{out}: is a file; --out needs a directory")
+    check_output(run.config)
     if (run.checkpoints / "last.pt").exists() or run.metrics.exists():
         if not force:
             raise TrainingError(
@@ -617,10 +656,33 @@ def start_run(config: Config, out: Path, force: bool) -> RunDir:
     return run
 
 
+# What a resumed run cannot change: the checkpoint's weights have the model's shapes, its
+# embeddings belong to the tokenizer, and its batch positions name batches of this data cut by
+# this budget and seed. Dropout can change; so can everything in `train` not listed here.
+FIXED_ON_RESUME = (
+    "model.",
+    "data.train",
+    "data.src_lang",
+    "data.tgt_lang",
+    "data.vocab_size",
+    "data.tokenizer_type",
+    "data.joint_vocab",
+    "data.character_coverage",
+    "data.max_len",
+    "train.max_tokens",
+    "train.max_sentences",
+    "train.seed",
+)
+CHANGEABLE_ON_RESUME = ("model.dropout:", "model.attention_dropout:", "model.activation_dropout:")
+
+
 def resume_config(
     run: RunDir, config_path: str | None, overrides: list[str], allow_changes: bool
 ) -> Config:
-    """The run's saved config plus any new overrides; a change is refused unless allowed."""
+    """The run's saved config plus any new overrides; a change is refused unless allowed, and
+    a change of what the checkpoint depends on (FIXED_ON_RESUME) always."""
+    if not run.path.is_dir():
+        raise TrainingError(f"{run.path}: no such run directory")
     if not run.config.is_file():
         raise TrainingError(f"{run.path}: not a run directory (no config.yaml)")
     saved = load_config(run.config)
@@ -628,6 +690,16 @@ def resume_config(
         load_config(config_path, overrides) if config_path else load_config(run.config, overrides)
     )
     changes = config_diff(saved.to_dict(), wanted.to_dict())
+    fixed = [
+        c
+        for c in changes
+        if c.startswith(FIXED_ON_RESUME) and not c.startswith(CHANGEABLE_ON_RESUME)
+    ]
+    if fixed:
+        raise TrainingError(
+            f"{run.config}: cannot change when resuming ({'; '.join(fixed)}): the checkpoint's "
+            "weights, tokenizer and batch positions depend on it; start a new run instead"
+        )
     if changes:
         listing = "; ".join(changes)
         if not allow_changes:
@@ -645,7 +717,11 @@ def run_train(config: Config, out: Path, resume: bool, force: bool = False) -> s
     try:
         run = RunDir(out)
         if resume and not (run.checkpoints / "last.pt").is_file():
-            raise TrainingError(f"{out}: no checkpoints/last.pt to resume from")
+            # Killed before its first checkpoint: "kill, then --resume" still works.
+            log.info("%s: no checkpoint yet; starting the run from update 0 with its config", out)
+            resume = False
+            if dd.main:
+                run.metrics.unlink(missing_ok=True)  # records of the killed session's updates
         if dd.main:
             if resume:
                 save_config(config, run.config)

@@ -9,17 +9,21 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from cli.checkpoint import load_for_inference
-from cli.config import DecodeConfig
+from cli.config import DecodeConfig, with_overrides
+from cli.device import pick_device
+from cli.files import atomic_output, check_output
 from data.batching import Batch, batch_by_tokens, collate
 from data.errors import InputError
+from data.text import read_lines
 from data.tokenizer import Tokenizer
 from model.search import Hypothesis, beam_search, greedy_search
 from model.transformer import DecoderCache, Transformer
@@ -42,20 +46,33 @@ class SearchOptions:
     def greedy(self) -> bool:
         return self.beam_size == 1 and self.nbest == 1
 
-
-def resolve_options(options: SearchOptions, decode: DecodeConfig) -> SearchOptions:
-    """Beam size 0 means the run's `decode.beam_size`; n-best needs a beam at least as wide."""
-    if options.beam_size == 0:
-        options = replace(options, beam_size=decode.beam_size)
-    if options.nbest > options.beam_size:
-        raise InputError(f"--nbest {options.nbest} needs --beam {options.nbest} or more")
-    return options
+    @classmethod
+    def of(cls, decode: DecodeConfig) -> SearchOptions:
+        return cls(beam_size=decode.beam_size, nbest=decode.nbest)
 
 
-def pick_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+def decode_overrides(
+    beam: int | None, greedy: bool, nbest: int | None, lenpen: float | None, sets: list[str]
+) -> list[str]:
+    """The `decode.KEY=VALUE` overrides that `--beam`, `--greedy`, `--nbest`, `--lenpen` and
+    `--set` ask for, the short flags first (so `--set` has the last word)."""
+    if beam is not None and beam < 1:
+        raise InputError(f"--beam must be 1 or more, got {beam}")
+    if nbest is not None and nbest < 1:
+        raise InputError(f"--nbest must be 1 or more, got {nbest}")
+    if greedy and beam not in (None, 1):
+        raise InputError(f"--greedy and --beam {beam} contradict each other; give one")
+    width = 1 if greedy else beam
+    if nbest is not None and width is not None and nbest > width:
+        raise InputError(f"--nbest {nbest} needs --beam {nbest} or more")
+    flags = []
+    if greedy or beam is not None:
+        flags.append(f"decode.beam_size={1 if greedy else beam}")
+    if nbest is not None:
+        flags.append(f"decode.nbest={nbest}")
+    if lenpen is not None:
+        flags.append(f"decode.length_penalty={lenpen}")
+    return flags + list(sets)
 
 
 @torch.inference_mode()
@@ -152,16 +169,9 @@ def encode_sources(
     return ids
 
 
-def read_lines(stream: Iterable[bytes], source: str) -> Iterator[str]:
-    """Decode lines as UTF-8, failing with the file and line of the first bad byte."""
-    for n, raw in enumerate(stream, start=1):
-        try:
-            yield raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as e:
-            raise InputError(f"{source}:{n}: invalid UTF-8 ({e.reason})") from None
-
-
-def chunks(lines: Iterable[str], size: int = CHUNK_LINES) -> Iterator[list[str]]:
+def chunks(lines: Iterable[str], size: int | None = None) -> Iterator[list[str]]:
+    """Lists of `size` lines (default: CHUNK_LINES, read at call time), the last one shorter."""
+    size = size or CHUNK_LINES
     chunk: list[str] = []
     for line in lines:
         chunk.append(line)
@@ -208,23 +218,27 @@ def run_translate(
     run: str,
     input_path: Path | None,
     output_path: Path | None,
-    options: SearchOptions,
+    overrides: list[str],
     device_name: str,
     scores: bool,
     progress: bool = True,
     attention: AttentionOptions | None = None,
 ) -> None:
-    """The `tf translate` command: stdin/FILE to stdout/FILE; with `attention`, also a heatmap
-    of the cross-attention of each line's best translation (see `cli.attention`)."""
+    """The `tf translate` command: stdin/FILE to stdout/FILE, with the run's decode settings
+    changed by `overrides` (`decode.KEY=VALUE`); with `attention`, also a heatmap of the
+    cross-attention of each line's best translation (see `cli.attention`)."""
     from tqdm import tqdm
 
     from cli.attention import prepare_attention, write_attention  # matplotlib: optional
 
     if input_path is not None and not input_path.is_file():
         raise InputError(f"{input_path}: no such file")
+    if output_path is not None:
+        check_output(output_path)
     device = pick_device(device_name)
     model, tokenizer, config = load_for_inference(run, device)
-    options = resolve_options(options, config.decode)
+    config = with_overrides(config, overrides)
+    options = SearchOptions.of(config.decode)
     if attention is not None:
         prepare_attention(attention, config.model)
     source = str(input_path) if input_path else "<stdin>"
@@ -242,24 +256,18 @@ def run_translate(
             disable=None,
         )  # None: only on a terminal
     # A file is written beside its target and renamed at the end: an error leaves no half file.
-    tmp = output_path.with_name(f".{output_path.name}.partial") if output_path else None
-    out: TextIO = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout  # noqa: SIM115
-    try:
-        for n, (src_ids, hyps) in enumerate(results, start=1):
-            out.write("\n".join(format_hypotheses(tokenizer, hyps, scores, options.nbest)) + "\n")
-            if attention is not None:
-                write_attention(model, tokenizer, attention, n, src_ids, hyps[0].tokens)
-            if tmp is None:
-                out.flush()  # stdout: show each translation as soon as its chunk is done
-        if tmp is not None:
-            out.close()
-            tmp.replace(output_path)
-    finally:
-        if tmp is not None:
-            out.close()
-            tmp.unlink(missing_ok=True)
-        if input_path:
-            raw.close()
+    with atomic_output(output_path) if output_path else nullcontext(sys.stdout) as out:
+        try:
+            for n, (src_ids, hyps) in enumerate(results, start=1):
+                lines = format_hypotheses(tokenizer, hyps, scores, options.nbest)
+                out.write("\n".join(lines) + "\n")
+                if attention is not None:
+                    write_attention(model, tokenizer, attention, n, src_ids, hyps[0].tokens)
+                if output_path is None:
+                    out.flush()  # stdout: show each translation as soon as its chunk is done
+        finally:
+            if input_path:
+                raw.close()
 
 
 def count_lines(path: Path) -> int:

@@ -16,11 +16,9 @@ Spec forms (see `load_corpus`):
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import logging
-import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,12 +29,12 @@ import pyarrow.compute as pc
 
 from data.batching import RaggedIds
 from data.errors import InputError
+from data.text import open_bytes, read_lines
 
 if TYPE_CHECKING:
     from data.tokenizer import Tokenizer
 
 BUNDLED_DIR = Path(__file__).parent / "corpora"
-_CHUNK_BYTES = 1 << 24  # UTF-8 check reads this much at a time
 _ARROW_BATCH = 65_536  # rows per Arrow batch when measuring lengths
 _ENCODE_VERSION = "1"  # bump when `encode_corpus` changes, to invalidate its cached outputs
 
@@ -107,43 +105,43 @@ def _load_parallel(prefix: str, src_lang: str, tgt_lang: str) -> datasets.Datase
 
 
 def _load_lines(path: Path) -> datasets.Dataset:
-    """One row per line of a UTF-8 text file (gzip read through), column "text"."""
-    if _check_utf8(path) == 0:
-        raise InputError(f"{path}: the file is empty")
-    # utf-8-sig drops a byte-order mark, which would otherwise stick to the first sentence.
-    return datasets.load_dataset("text", data_files=str(path), split="train", encoding="utf-8-sig")
+    """One row per line of a UTF-8 text file (gzip read through), column "text".
 
-
-def _open_bytes(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-
-
-def _check_utf8(path: Path) -> int:
-    """Raise InputError naming the first line of `path` that is not valid UTF-8.
-
-    Checked here, on the bytes, because `datasets` would fail (or substitute) without a line.
-
-    Returns:
-        The size of the (decompressed) text in bytes.
+    The lines are split by `data.text.read_lines`, as `tf translate` and `tf eval` split them,
+    not by the "text" builder, which also breaks lines at a lone carriage return or a Unicode
+    line separator. The result is an Arrow file in the `datasets` cache, keyed by the file's
+    path, size and modification time.
     """
-    line, size = 1, 0
+    stat = path.stat()
+    empty = InputError(f"{path}: the file is empty")
+    if stat.st_size == 0:
+        raise empty
     try:
-        with _open_bytes(path) as f:
-            while chunk := f.read(_CHUNK_BYTES):
-                chunk += f.readline()  # end on a line break: no character cut in two
-                try:
-                    chunk.decode("utf-8")
-                except UnicodeDecodeError as err:
-                    bad_line = line + chunk.count(b"\n", 0, err.start)
-                    bad_byte = chunk[err.start]
-                    raise InputError(
-                        f"{path}:{bad_line}: not valid UTF-8 (byte 0x{bad_byte:02x})"
-                    ) from None
-                line += chunk.count(b"\n")
-                size += len(chunk)
-    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
-        raise InputError(f"{path}: not a readable gzip file ({err})") from None
-    return size
+        ds = datasets.Dataset.from_generator(
+            _file_lines,
+            features=datasets.Features({"text": datasets.Value("string")}),
+            gen_kwargs={
+                "path": str(path.resolve()),
+                "size": stat.st_size,
+                "mtime": stat.st_mtime_ns,
+            },
+        )
+    except datasets.exceptions.DatasetGenerationError as err:
+        if isinstance(err.__cause__, InputError):
+            raise err.__cause__ from None
+        raise
+    except ValueError as err:  # `datasets` refuses a split without rows (an empty .gz)
+        if "no data" in str(err):
+            raise empty from None
+        raise
+    return ds
+
+
+def _file_lines(path: str, size: int, mtime: int):
+    """Rows {"text": line} of a text file; `size` and `mtime` only key the cache."""
+    with open_bytes(Path(path)) as f:
+        for line in read_lines(f, path):
+            yield {"text": line}
 
 
 def _load_tsv(path: Path, src_lang: str, tgt_lang: str) -> datasets.Dataset:
@@ -190,8 +188,7 @@ def _load_jsonl(path: Path, src_lang: str, tgt_lang: str) -> datasets.Dataset:
     When the builder fails, or what it read lacks a language, the file is scanned line by
     line to name the first bad line: the builder's own errors do not.
     """
-    if _check_utf8(path) == 0:
-        raise InputError(f"{path}: the file is empty")
+    _load_lines(path)  # names the first line that is not UTF-8, or an empty file
     problem = InputError(f"{path}: not a JSON Lines file of {src_lang}-{tgt_lang} pairs")
     # The builder logs its parse errors itself; ours below names the line instead.
     json_logger = logging.getLogger("datasets.packaged_modules.json.json")
@@ -216,7 +213,7 @@ def _find_bad_json_line(path: Path, src_lang: str, tgt_lang: str) -> None:
     The first line fixes the format: translation ({"translation": {..}}) or flat.
     """
     nested = None
-    with _open_bytes(path) as f:
+    with open_bytes(path) as f:
         for number, raw in enumerate(f, start=1):
             where = f"{path}:{number}"
             try:

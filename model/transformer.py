@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,7 @@ class ModelConfig:
     attention_dropout: float = 0.1  # on attention probabilities (torch applies `dropout` there too)
     activation_dropout: float = 0.1  # after the FFN ReLU (as torch)
     norm_first: bool = False  # Pre-LN option; Post-LN default
-    tie_embeddings: str = "all"  # "none" | "decoder" (tgt embedding = generator) | "all"
+    tie_embeddings: Literal["none", "decoder", "all"] = "all"  # decoder: tgt embedding = generator
     max_positions: int = 1024
 
 
