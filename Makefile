@@ -7,8 +7,8 @@ TF := $(BIN)/tf
 
 CONFIG ?= configs/small.yaml
 RUN ?= runs/$(basename $(notdir $(CONFIG)))
-SRC ?= ../shared/corpora/bible-es-en/test.es
-REF ?= ../shared/corpora/bible-es-en/test.en
+SRC ?= data/corpora/bible-es-en/test.es
+REF ?= data/corpora/bible-es-en/test.en
 BEAM ?= 5
 
 .PHONY: install test lint demo tokenizer train translate eval bench clean
@@ -46,7 +46,10 @@ translate: install
 	$(TF) translate $(RUN) -i $(SRC) -o $(RUN)/translation.txt --beam $(BEAM)
 
 eval: install
-	$(TF) eval $(RUN) --src $(SRC) --ref $(REF) --beam $(BEAM) --json | tee $(RUN)/eval.json
+	$(TF) eval $(RUN) --src $(SRC) --ref $(REF) --beam $(BEAM) --json > $(RUN)/.eval.json.partial \
+		|| { rm -f $(RUN)/.eval.json.partial; exit 1; }
+	mv $(RUN)/.eval.json.partial $(RUN)/eval.json
+	cat $(RUN)/eval.json
 
 bench: install
 	$(BIN)/python -m benchmarks.run

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from cli.checkpoint import CheckpointError, RunDir, load_checkpoint, save_atomic
+from cli.files import check_output
 
 
 def checkpoints_to_average(sources: list[str], last: int) -> list[Path]:
@@ -37,6 +38,7 @@ def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torc
 
 
 def run_average(sources: list[str], last: int, output: Path) -> str:
+    check_output(output)
     paths = checkpoints_to_average(sources, last)
     ckpts = [load_checkpoint(p) for p in paths]
     digests = {c.get("tokenizer_digest") for c in ckpts}

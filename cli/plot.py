@@ -100,7 +100,9 @@ def plot_curves(run_dir: Path, out_png: Path) -> Path:
         out_png.
     """
     from cli.checkpoint import RunDir
+    from cli.files import atomic_output, check_output
 
+    check_output(out_png)
     train, dev = read_metrics(RunDir(run_dir).metrics)
     figure = new_figure(12, 8, "tf plot")
     (loss, ppl), (scores, lr) = figure.subplots(2, 2, sharex=True)
@@ -130,8 +132,8 @@ def plot_curves(run_dir: Path, out_png: Path) -> Path:
         axes.set_xlabel("step")
     name = Path(run_dir).resolve().name
     figure.suptitle(f"{name}: {len(train)} training logs, {len(dev)} validations")
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out_png, dpi=100)
+    with atomic_output(out_png, "wb") as f:
+        figure.savefig(f, dpi=100, format="png")
     return out_png
 
 

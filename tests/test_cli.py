@@ -79,12 +79,17 @@ def test_translate_stdin_to_stdout_keeps_lines_and_order(trained, tiny_prefix):
 
 
 def test_translate_defaults_to_the_runs_beam_and_equals_greedy_at_beam_1(trained):
+    from cli.translate import SearchOptions
+
     text = "Y dijo Dios: Sea la luz.\nEn el principio crió Dios los cielos y la tierra.\n"
     default = tf("translate", trained, input=text)  # tiny.yaml: decode.beam_size 2
     assert default.exit_code == 0, default.output
     assert len(default.stdout.splitlines()) == 2
     greedy = tf("translate", trained, "--greedy", input=text).stdout
-    assert tf("translate", trained, "--beam", "1", input=text).stdout == greedy
+    # --beam 1 takes the greedy path too; force it through beam search so the two differ in code.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SearchOptions, "greedy", property(lambda self: False))
+        assert tf("translate", trained, "--beam", "1", input=text).stdout == greedy
     bad = tf("translate", trained, "--greedy", "--nbest", "2", input=text)
     assert bad.exit_code == 2 and "--nbest 2" in bad.stderr
 
@@ -302,8 +307,17 @@ def test_streaming_in_chunks_changes_nothing(trained, tiny_prefix, monkeypatch):
     lines = Path(f"{tiny_prefix}.es").read_text(encoding="utf-8").splitlines()[:7]
     text = "\n".join(lines) + "\n"
     whole = tf("translate", trained, "--greedy", input=text).stdout
+    sizes = []
+    real_translate_ids = translate.translate_ids
+
+    def counting(model, tokenizer, src_ids, *args, **kwargs):
+        sizes.append(len(src_ids))
+        return real_translate_ids(model, tokenizer, src_ids, *args, **kwargs)
+
+    monkeypatch.setattr(translate, "translate_ids", counting)
     monkeypatch.setattr(translate, "CHUNK_LINES", 3)  # 7 lines -> chunks of 3, 3, 1
     assert tf("translate", trained, "--greedy", input=text).stdout == whole
+    assert sizes == [3, 3, 1]  # the chunking really happened
 
 
 def test_over_long_line_is_truncated_with_one_warning(trained, caplog):

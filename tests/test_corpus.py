@@ -323,3 +323,21 @@ def test_nothing_left_after_filtering_names_the_corpus(tiny_prefix, tiny_tokeniz
     with pytest.raises(InputError) as err:
         filter_pairs(encoded, max_len=1, name=tiny_prefix)
     assert_input_error(err, tiny_prefix, "no sentence pairs left", "200 too long")
+
+
+@pytest.mark.parametrize("inside", ["\r", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029"])
+def test_only_a_line_feed_ends_a_line_in_every_reader(tmp_path, inside):
+    """Python's splitlines (and the `datasets` text builder) also break at these; a source file
+    and a target file with the same number of line feeds must stay aligned line by line."""
+    from data.text import read_file_lines
+
+    src = f"uno{inside}dos\r\ntres\n"  # one lone separator inside line 1; a CRLF line end
+    prefix = tmp_path / "mixed"
+    Path(f"{prefix}.es").write_text(src, encoding="utf-8", newline="")
+    Path(f"{prefix}.en").write_text("one two\nthree\n", encoding="utf-8")
+    ds = load_corpus(str(prefix), "es", "en")
+    assert ds["src"] == [f"uno{inside}dos", "tres"]
+    assert read_file_lines(Path(f"{prefix}.es")) == [f"uno{inside}dos", "tres"]
+    tsv = tmp_path / "mixed.tsv"
+    tsv.write_text(f"uno{inside}dos\tone two\r\ntres\tthree\n", encoding="utf-8", newline="")
+    assert load_corpus(str(tsv), "es", "en")["tgt"] == ["one two", "three"]

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ import torch.multiprocessing as mp
 from cli import distributed
 from cli.checkpoint import RunDir, load_checkpoint
 from cli.config import load_config
-from cli.train import Trainer, start_run
+from cli.train import Trainer, TrainingError, start_run
 from data.batching import collate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,3 +160,46 @@ def test_torchrun_two_processes_write_one_run_and_resume(tmp_path, tiny_prefix):
     )
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.splitlines()) == 1
+
+
+def nan_on_one_rank(rank: int, world_size: int, port: int, prefix: str, run: str) -> None:
+    """Rank 1's weights turn NaN; saving must stop both ranks, not leave rank 0 waiting."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+    )
+    config = load_config("tiny", [f"data.train={prefix}", f"data.dev={prefix}", *COMMON])
+    dd, device = distributed.init("cpu")
+    try:
+        if dd.main:
+            start_run(config, Path(run), force=True)
+        distributed.barrier(dd)
+        trainer = Trainer(config, RunDir(Path(run)), dd, device)
+        if rank == 1:
+            with torch.no_grad():
+                trainer.model.generator.weight.fill_(float("nan"))
+        try:
+            trainer.save(["last.pt"])
+        except TrainingError:
+            Path(run, f"stopped_{rank}").touch()
+    finally:
+        distributed.shutdown(dd)
+
+
+def test_a_non_finite_check_on_one_rank_stops_every_rank(tmp_path, tiny_prefix):
+    run = tmp_path / "run"
+    context = mp.start_processes(
+        nan_on_one_rank,
+        (2, free_port(), tiny_prefix, str(run)),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + 120
+    while not context.join(timeout=1):
+        assert time.monotonic() < deadline, "a rank hung"
+    assert (run / "stopped_0").exists() and (run / "stopped_1").exists()
+    assert not (run / "checkpoints" / "last.pt").exists()

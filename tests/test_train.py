@@ -217,3 +217,48 @@ def test_a_new_run_never_overwrites_an_old_one(tmp_path, tiny_prefix):
     with pytest.raises(TrainingError, match="already holds a run"):
         run_train(config, tmp_path / "run", resume=False)
     assert (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes() == before
+
+
+def test_a_nan_gradient_with_a_finite_loss_is_skipped(tmp_path, tiny_prefix):
+    trainer = make_trainer(tmp_path, tiny_prefix, "train.clip_norm=1.0")
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    weight = trainer.model.generator.weight
+    handle = weight.register_hook(lambda g: g * float("nan"))
+    result = trainer.update(trainer.next_batches())
+    handle.remove()
+    assert result == {"skipped": "non-finite"}
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert trainer.scheduler.last_epoch == 0 and not trainer.optimizer.state
+    assert "loss" in trainer.update(trainer.next_batches())  # the next update goes ahead
+
+
+def test_an_fp16_overflow_neither_counts_as_bad_nor_advances_the_schedule(tmp_path, tiny_prefix):
+    """GradScaler skips a step whose fp16 gradients overflowed; the lr schedule and the step
+    counter must skip it too. A scaler stub stands in for CUDA's."""
+    trainer = make_trainer(tmp_path, tiny_prefix, "train.max_steps=2", "train.save_every=0")
+
+    class SkippingScaler(torch.amp.GradScaler):
+        def __init__(self) -> None:
+            super().__init__("cpu", enabled=False)
+            self.overflows = 2  # the first two updates overflow
+            self.updates = 0
+
+        def is_enabled(self) -> bool:
+            return True
+
+        def unscale_(self, optimizer) -> None:
+            if self.overflows:
+                self.overflows -= 1
+                for p in trainer.model.parameters():
+                    if p.grad is not None:
+                        p.grad.fill_(float("inf"))
+
+        def update(self, new_scale=None) -> None:
+            self.updates += 1
+
+    trainer.scaler = SkippingScaler()
+    trainer.fit()
+    assert trainer.progress.step == 2 and trainer.progress.bad_steps == 0
+    assert trainer.scheduler.last_epoch == 2  # two real updates, not four
+    assert trainer.scaler.updates == 4

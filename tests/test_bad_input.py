@@ -1,0 +1,220 @@
+"""Every bad input is one line on stderr, exit status 2, no traceback, found before any work,
+and nothing already written is lost."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cli.checkpoint import save_atomic
+from cli.main import app
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+def tf(*args, input: str | None = None):
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+def assert_user_error(result, *fragments: str) -> None:
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+@pytest.mark.parametrize(
+    "setting, fragment",
+    [
+        ("train.max_tokens=0", "train.max_tokens must be positive"),
+        ("train.update_freq=0", "train.update_freq must be positive"),
+        ("train.log_every=-1", "train.log_every must be positive"),
+        ("train.max_steps=-5", "train.max_steps must be 0 or more"),
+        ("train.warmup_steps=0", "train.warmup_steps must be positive"),
+        ("train.lr=0", "train.lr must be positive"),
+        ("train.betas=[0.9]", "train.betas must be two numbers"),
+        ("train.label_smoothing=1.0", "train.label_smoothing must be in [0, 1)"),
+        ("model.d_model=0", "model.d_model must be positive"),
+        ("model.d_model=30", "model.d_model 30 is not divisible by model.n_heads 4"),
+        ("model.n_heads=3", "model.d_model 32 is not divisible by model.n_heads 3"),
+        ("model.dropout=1.5", "model.dropout must be in [0, 1)"),
+        ("model.tie_embeddings=both", "model.tie_embeddings must be one of"),
+        ("data.joint_vocab=false", "model.tie_embeddings 'all' needs data.joint_vocab"),
+        ("data.max_len=256", "data.max_len 256 must be below model.max_positions 256"),
+        ("data.vocab_size=0", "data.vocab_size must be 8 or more"),
+        ("decode.beam_size=0", "decode.beam_size must be positive"),
+        ("train.device=tpu", "train.device 'tpu' is unknown"),
+    ],
+)
+def test_config_values_out_of_range(tmp_path, tiny_prefix, setting, fragment):
+    run = tmp_path / "run"
+    result = tf(
+        "train", "tiny", "--out", run, "--set", f"data.train={tiny_prefix}", "--set", setting
+    )
+    assert_user_error(result, fragment)
+    assert not run.exists()  # refused before anything was written
+
+
+def test_odd_d_model_is_refused():
+    from cli.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="model.d_model 33 must be even"):
+        load_config("tiny", ["model.d_model=33", "model.n_heads=3"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_on_a_machine_without_it(tmp_path, tiny_prefix, trained):
+    run = tmp_path / "run"
+    result = tf(
+        "train",
+        "tiny",
+        "--out",
+        run,
+        "--set",
+        f"data.train={tiny_prefix}",
+        "--set",
+        "train.device=cuda",
+    )
+    assert_user_error(result, "device 'cuda': CUDA is not available")
+    assert not (run / "tokenizer").exists()  # found before the tokenizer trained
+    assert_user_error(tf("translate", trained, "--device", "cuda", input="hola\n"), "CUDA")
+
+
+def test_unknown_device_for_translation(trained):
+    assert_user_error(tf("translate", trained, "--device", "gpu", input="hola\n"), "'gpu'")
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--beam", "0"], "--beam must be 1 or more, got 0"),
+        (["--beam", "-2"], "--beam must be 1 or more, got -2"),
+        (["--nbest", "0"], "--nbest must be 1 or more, got 0"),
+        (["--greedy", "--beam", "3"], "contradict"),
+        (["--set", "decode.beam_sise=3"], "did you mean 'decode.beam_size'"),
+        (["--set", "train.lr=3"], "only decode.KEY can be set here"),
+        (["--set", "decode.max_tokens=0"], "decode.max_tokens must be positive"),
+        (["--lenpen", "x"], ""),
+    ],
+)
+def test_bad_decoding_options(trained, flags, fragment):
+    result = tf("translate", trained, *flags, input="hola\n")
+    if flags[0] == "--lenpen":  # typer's own check of a number: exit 2 as well
+        assert result.exit_code == 2
+        return
+    assert_user_error(result, fragment)
+
+
+def test_decode_settings_from_the_command_line(trained):
+    text = "Y dijo Dios: Sea la luz.\n"
+    result = tf(
+        "translate",
+        trained,
+        "--lenpen",
+        "1.0",
+        "--set",
+        "decode.no_repeat_ngram_size=3",
+        input=text,
+    )
+    assert result.exit_code == 0, result.output
+    short = tf(
+        "translate",
+        trained,
+        "--set",
+        "decode.max_len_b=1",
+        "--set",
+        "decode.max_len_a=0",
+        input=text,
+    )
+    assert short.exit_code == 0 and len(short.stdout.split()) <= 1
+
+
+def test_output_paths_are_checked_before_translating(tmp_path, trained):
+    a_file = tmp_path / "file"
+    a_file.write_text("keep\n")
+    assert_user_error(
+        tf("translate", trained, "-o", a_file / "out.en", input="hola\n"), "is a file"
+    )
+    assert_user_error(tf("translate", trained, "-o", tmp_path, input="hola\n"), "is a directory")
+    assert_user_error(tf("average", trained, "-o", a_file / "avg.pt"), "is a file")
+    assert_user_error(tf("plot", trained, "-o", a_file / "c.png"), "is a file")
+    assert_user_error(tf("train", "tiny", "--out", a_file), "is a file")
+    assert a_file.read_text() == "keep\n"
+
+
+def test_output_goes_through_a_private_temporary_file(tmp_path, trained):
+    """The old fixed name `.out.en.partial` could be a symlink (or another process's file)."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    out = tmp_path / "out.en"
+    (tmp_path / ".out.en.partial").symlink_to(victim)
+    result = tf("translate", trained, "--greedy", "-o", out, input="hola\n")
+    assert result.exit_code == 0, result.output
+    assert victim.read_text() == "precious\n"
+    assert len(out.read_text().splitlines()) == 1
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~current_umask()
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_checkpoints_get_the_permissions_of_a_plain_file(tmp_path):
+    path = tmp_path / "c.pt"
+    save_atomic({"format": "x", "w": torch.zeros(1)}, path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~current_umask()
+
+
+def test_eval_limit_applies_to_a_hypothesis_file(tmp_path):
+    ref = tmp_path / "ref.en"
+    hyp = tmp_path / "hyp.en"
+    ref.write_text("the cat sat on the mat\na dog ran in the park\nsomething else\n")
+    hyp.write_text("the cat sat on the mat\na dog ran in the park\nnothing alike here\n")
+    result = tf("eval", "--hyp", hyp, "--ref", ref, "--limit", "2", "--json")
+    assert result.exit_code == 0, result.output
+    assert '"bleu": 100.0' in result.stdout and '"sentences": 2' in result.stdout
+
+
+def make_vars() -> dict[str, str]:
+    """The Makefile's variables as `make` resolves them, with no overrides."""
+    out = subprocess.run(
+        ["make", "-pn", "-f", "Makefile", "clean"], cwd=ROOT, capture_output=True, text=True
+    ).stdout
+    found = {}
+    for line in out.splitlines():
+        for name in ("SRC", "REF"):
+            if line.startswith(f"{name} ?= ") or line.startswith(f"{name} = "):
+                found[name] = line.split("=", 1)[1].strip()
+    return found
+
+
+def test_makefile_defaults_lie_inside_the_repository():
+    found = make_vars()
+    assert set(found) == {"SRC", "REF"}
+    for path in found.values():
+        assert (ROOT / path).is_file() and not path.startswith(".."), path
+
+
+def test_make_eval_fails_when_tf_eval_fails(tmp_path):
+    """Piped into `tee`, a failing eval used to report success and leave an empty eval.json."""
+    run = tmp_path / "no-run"
+    run.mkdir()
+    result = subprocess.run(
+        ["make", "-s", "eval", f"RUN={run}", f"BIN={ROOT / '.venv' / 'bin'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    assert not (run / "eval.json").exists()
