@@ -92,9 +92,9 @@ class Reference(nn.Module):
 
 
 def ours_loss(model: Transformer, batch, eps: float) -> torch.Tensor:
-    real = ~batch.tgt_pad_mask
-    logits = model(batch.src, batch.tgt_in, batch.src_pad_mask, batch.tgt_pad_mask, real)  # (N,V)
-    loss, _ = label_smoothed_cross_entropy(logits, batch.tgt_out[real], eps)
+    positions = batch.tgt_index
+    logits = model(batch.src, batch.tgt_in, batch.src_pad_mask, batch.tgt_pad_mask, positions)
+    loss, _ = label_smoothed_cross_entropy(logits, batch.real_targets(), eps)  # logits (N, V)
     return loss / batch.n_tgt_tokens
 
 

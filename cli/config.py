@@ -52,6 +52,9 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False  # torch.compile the model
     deterministic: bool = False  # torch.use_deterministic_algorithms, for bit-exact resume tests
+    # Seconds a torchrun rank waits in a collective (NCCL's default is 10 minutes): the others
+    # wait while rank 0 alone trains the tokenizer and encodes a large corpus.
+    dist_timeout: float = 7200.0
     # Batches: a token budget counted with padding, accumulated over update_freq batches per update.
     max_tokens: int = 4096
     max_sentences: int = 1024
@@ -246,7 +249,8 @@ def check_type(value: Any, hint: Any, dotted: str, source: str) -> Any:
 POSITIVE = (
     "data.max_len model.d_model model.n_heads model.d_ff model.n_encoder_layers "
     "model.n_decoder_layers train.max_tokens train.max_sentences train.update_freq train.lr "
-    "train.warmup_steps train.adam_eps train.max_bad_steps train.log_every decode.beam_size "
+    "train.warmup_steps train.adam_eps train.max_bad_steps train.log_every train.dist_timeout "
+    "decode.beam_size "
     "decode.nbest decode.max_tokens"
 ).split()  # warmup_steps 0 would divide by zero (noam) or leave the lr at 0 (inverse_sqrt)
 NON_NEGATIVE = (

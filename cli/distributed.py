@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -34,8 +35,11 @@ class Dist:
         return self.world_size > 1
 
 
-def init(device_name: str) -> tuple[Dist, torch.device]:
-    """Join the process group torchrun described (NCCL on GPUs, Gloo on CPUs), pick the device."""
+def init(device_name: str, timeout: float = 7200.0) -> tuple[Dist, torch.device]:
+    """Join the process group torchrun described (NCCL on GPUs, Gloo on CPUs), pick the device.
+
+    `timeout`: seconds a collective may wait for the slowest rank before failing.
+    """
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return Dist(), pick_device(device_name)
     d = Dist(
@@ -48,7 +52,9 @@ def init(device_name: str) -> tuple[Dist, torch.device]:
         device = torch.device("cuda", d.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout)
+        )
     return d, device
 
 
@@ -66,11 +72,19 @@ def sum_over_ranks(d: Dist, values: list[float], device: torch.device) -> list[f
     return t.tolist()
 
 
-def sum_tensor_over_ranks(d: Dist, tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor` summed over all ranks in place, on its device (no wait for the host)."""
+def sum_with_counts(d: Dist, sums: torch.Tensor, counts: list[float]) -> torch.Tensor:
+    """`sums` (on the device) followed by the host numbers `counts`, each summed over all ranks,
+    in one all-reduce; the result stays on the device (nothing waits for the host).
+
+    Shape: sums (n,), counts k numbers -> (n + k,) float64.
+    """
+    host = torch.tensor(counts, dtype=torch.float64)
+    if sums.device.type == "cuda":
+        host = host.pin_memory().to(sums.device, non_blocking=True)
+    out = torch.cat([sums.double(), host.to(sums.device)])
     if d.active:
-        dist.all_reduce(tensor)
-    return tensor
+        dist.all_reduce(out)
+    return out
 
 
 def any_rank(d: Dist, flag: bool, device: torch.device) -> bool:

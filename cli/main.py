@@ -71,9 +71,14 @@ def user_errors(fn):
 
 
 def setup_logging() -> None:
+    import os
+
+    # Under torchrun every rank runs this program: only rank 0 speaks below a warning's level,
+    # and the others' lines say which rank they come from.
+    rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(message)s",
+        level=logging.INFO if rank == 0 else logging.ERROR,
+        format="%(asctime)s %(levelname)s " + (f"[rank {rank}] " if rank else "") + "%(message)s",
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )

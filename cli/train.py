@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from cli import distributed
@@ -267,7 +268,11 @@ class Trainer:
             torch.manual_seed(t.seed + self.dist.rank)
         self.net: torch.nn.Module = self.model
         if self.dist.active:
-            self.net = DistributedDataParallel(self.model)
+            # The only buffers are the constant positional tables: nothing to broadcast each step.
+            # Gradients as views of DDP's buckets save a gradient-sized copy.
+            self.net = DistributedDataParallel(
+                self.model, broadcast_buffers=False, gradient_as_bucket_view=True
+            )
         if t.compile:
             self.net = torch.compile(self.net)
         self.stop_requested = False
@@ -351,15 +356,18 @@ class Trainer:
 
     # -- one update
 
-    def loss_of(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed smoothed loss and NLL of a batch; logits only at real target positions."""
+    def loss_of(self, batch: Batch, net: torch.nn.Module | None = None) -> tuple[Tensor, Tensor]:
+        """Summed smoothed loss and NLL of a batch, computed by `net` (default: the training
+        wrapper, DDP's when distributed); logits only at the real target positions."""
+        net = net or self.net
         ctx = torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else nullcontext()
-        real = ~batch.tgt_pad_mask  # (B, T)
         with ctx:
             # (N, V) for the N real target tokens: DDP needs the whole model under forward().
-            logits = self.net(batch.src, batch.tgt_in, batch.src_pad_mask, batch.tgt_pad_mask, real)
+            logits = net(
+                batch.src, batch.tgt_in, batch.src_pad_mask, batch.tgt_pad_mask, batch.tgt_index
+            )
         return label_smoothed_cross_entropy(
-            logits, batch.tgt_out[real], self.config.train.label_smoothing
+            logits, batch.real_targets(), self.config.train.label_smoothing
         )
 
     def next_batches(self) -> list[Batch]:
@@ -373,42 +381,54 @@ class Trainer:
             batches.append(batch.to(self.device))
         return batches
 
-    def update(self, batches: list[Batch]) -> dict[str, Any]:
-        """One optimiser update over `batches` (gradients summed). If the loss or the gradient
-        is not finite, nothing changes but a lower fp16 loss scale, and the result says
-        "skipped": "overflow" (fp16 gradients past the loss scale: routine, GradScaler's own
-        remedy) or "non-finite".
+    def update(self, batches: list[Batch], stop: bool = False) -> dict[str, Any]:
+        """One optimiser update over `batches` (gradients summed).
 
-        The loss is normalised by the real target tokens of all the batches on all ranks. The
-        losses and the gradient norm reach the host together, once per update.
+        The loss is the mean over the real target tokens of all the batches on all ranks. The
+        token count, the losses, the gradient norm and `stop` (this rank wants to stop) travel
+        in one collective and reach the host together: one wait for the device per update.
+
+        Returns:
+            {"loss", "nll", "tokens", "stop"}: "stop" is true if any rank wanted to stop. If
+            the loss or the gradient is not finite, nothing changes but a lower fp16 loss scale,
+            and the result is {"skipped", "stop"}, "skipped" being "overflow" (fp16 gradients
+            past the loss scale: routine, GradScaler's own remedy) or "non-finite".
         """
         t = self.config.train
-        local_tokens = sum(b.n_tgt_tokens for b in batches)
-        (tokens,) = distributed.sum_over_ranks(self.dist, [local_tokens], self.device)
-        # DDP averages gradients over ranks: scale so the result is the per-token mean overall.
-        norm = self.dist.world_size / tokens
+        # Backward runs on loss / (a constant, the same on every rank), which keeps fp16
+        # gradients in range; the exact per-token mean is applied below, once the token count
+        # of all ranks is known.
+        divisor = t.max_tokens * t.update_freq
         sums = torch.zeros(2, device=self.device)  # smoothed loss, NLL: summed on the device
         self.net.train()
         for i, batch in enumerate(batches):
             sync = i == len(batches) - 1  # all-reduce only on the last micro-batch
             with nullcontext() if sync or not self.dist.active else self.net.no_sync():
                 loss, nll = self.loss_of(batch)
-                self.scaler.scale(loss * norm).backward()
+                self.scaler.scale(loss / divisor).backward()
             sums += torch.stack([loss.detach(), nll.detach()])
-        distributed.sum_tensor_over_ranks(self.dist, sums)
+        counts = [sum(b.n_tgt_tokens for b in batches), float(stop)]
+        stats = distributed.sum_with_counts(self.dist, sums, counts)  # (4,) on the device
         self.scaler.unscale_(self.optimizer)  # fp16 only; records inf gradients for update()
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads)  # the same on every rank after DDP
-        loss_sum, nll_sum, gnorm = torch.cat([sums, grad_norm[None].to(sums)]).tolist()
-        if not (math.isfinite(loss_sum) and math.isfinite(gnorm)):
+        loss_sum, nll_sum, tokens, stops, raw_norm = torch.cat(
+            [stats, grad_norm[None].to(stats)]
+        ).tolist()
+        # DDP averaged the ranks' gradients of loss / divisor: this makes them the gradient of
+        # the summed loss over the summed tokens.
+        scale = self.dist.world_size * divisor / tokens
+        grad_norm = raw_norm * scale
+        if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
             # A NaN gradient with a finite loss would turn every weight into NaN through
             # clipping or Adam: skipped like a NaN loss.
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.update()  # fp16: a lower loss scale next time
             overflow = self.scaler.is_enabled() and math.isfinite(loss_sum)
-            return {"skipped": "overflow" if overflow else "non-finite"}
-        if t.clip_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_(grads, t.clip_norm, grad_norm)
+            return {"skipped": "overflow" if overflow else "non-finite", "stop": stops > 0}
+        if t.clip_norm > 0:  # as clip_grad_norm_, folded into the one pass over the gradients
+            scale *= min(1.0, t.clip_norm / (grad_norm + 1e-6))
+        torch._foreach_mul_(grads, scale)
         self.optimizer.step()  # gradients checked above, so GradScaler.step's check is not needed
         self.scaler.update()
         self.scheduler.step()
@@ -416,7 +436,8 @@ class Trainer:
         return {
             "loss": loss_sum / tokens,
             "nll": nll_sum / tokens,
-            "tokens": tokens,
+            "tokens": int(tokens),
+            "stop": stops > 0,
         }
 
     # -- validation
@@ -425,11 +446,13 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         """Dev loss/perplexity over the whole dev set, BLEU/chrF of greedy decoding of a subset."""
         self.model.eval()
-        loss = nll = tokens = 0.0
+        sums = torch.zeros(2, device=self.device)  # smoothed loss, NLL
+        tokens = 0
         for batch in self.data.dev_batches:
             batch = batch.to(self.device)
-            batch_loss, batch_nll = self.loss_of_eval(batch)
-            loss, nll, tokens = loss + batch_loss, nll + batch_nll, tokens + batch.n_tgt_tokens
+            sums += torch.stack(self.loss_of(batch, self.model))
+            tokens += batch.n_tgt_tokens
+        loss, nll = sums.tolist()
         hyps = translate_ids(
             self.model,
             self.tokenizer,
@@ -449,14 +472,6 @@ class Trainer:
             "dev_chrf": scores["chrf"],
         }
 
-    def loss_of_eval(self, batch: Batch) -> tuple[float, float]:
-        real = ~batch.tgt_pad_mask
-        logits = self.model(batch.src, batch.tgt_in, batch.src_pad_mask, batch.tgt_pad_mask, real)
-        loss, nll = label_smoothed_cross_entropy(
-            logits, batch.tgt_out[real], self.config.train.label_smoothing
-        )
-        return loss.item(), nll.item()
-
     # -- the loop
 
     def epochs_done(self) -> float:
@@ -464,14 +479,21 @@ class Trainer:
         it = self.data.train
         return it.epoch + it.position / len(it)
 
-    def should_stop(self) -> str | None:
+    def budget_spent(self) -> str | None:
+        """max_steps or max_epochs reached: the same answer on every rank at the same step."""
         t, p = self.config.train, self.progress
-        if self.stop_requested:
-            return "signal"
         if t.max_steps and p.step >= t.max_steps:
             return "max_steps"
         if t.max_epochs and self.epochs_done() >= t.max_epochs:
             return "max_epochs"
+        return None
+
+    def stop_wanted(self) -> str | None:
+        """A reason this rank alone may see (a signal, its clock, the main rank's validation):
+        under DDP it travels to the others with the next update's collective."""
+        t, p = self.config.train, self.progress
+        if self.stop_requested:
+            return "signal"
         if t.max_time and p.elapsed >= t.max_time:
             return "max_time"
         if t.patience and p.evals_since_best >= t.patience:
@@ -498,61 +520,22 @@ class Trainer:
         window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "updates": 0, "time": 0.0}
         # Wall time, validation and checkpoints included, summed over resumed sessions.
         session_start, earlier = time.perf_counter(), p.elapsed
-        while True:
-            reason = self.should_stop()
-            if distributed.any_rank(self.dist, reason is not None, self.device):
-                reason = reason or "another rank stopped"
+        while not (reason := self.budget_spent()):
+            wanted = self.stop_wanted()
+            if wanted and not self.dist.active:
+                reason = wanted
                 break
             start = time.perf_counter()
-            result = self.update(self.next_batches())
+            result = self.update(self.next_batches(), stop=wanted is not None)
             took = time.perf_counter() - start
             p.elapsed = earlier + time.perf_counter() - session_start
-            if result.get("skipped") == "overflow":
-                log.debug("step %d: fp16 gradient overflow, loss scale lowered", p.step + 1)
-                continue
-            if result.get("skipped"):
-                p.bad_steps += 1
-                log.warning(
-                    "step %d: non-finite loss, update skipped (%d in a row)",
-                    p.step + 1,
-                    p.bad_steps,
-                )
-                if p.bad_steps >= t.max_bad_steps:
-                    raise TrainingError(
-                        f"{p.bad_steps} non-finite losses in a row at step "
-                        f"{p.step + 1}; lower train.lr or use train.precision=fp32 "
-                        f"(last good checkpoint: {self.run.checkpoints / 'last.pt'})"
-                    )
-                continue
-            p.bad_steps = 0
-            p.step += 1
-            for k in ("loss", "nll", "tokens"):
-                window[k] += result[k] * (result["tokens"] if k != "tokens" else 1)
-            window["updates"] += 1
-            window["time"] += took
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    loss=f"{result['loss']:.3f}",
-                    lr=f"{self.lr():.2e}",
-                    tok_s=f"{result['tokens'] / took:.0f}",
-                    refresh=False,
-                )
-            if p.step % t.log_every == 0:
-                record = self.log_window(window)
-                if self.dist.main and (bar is None or bar.disable):  # no terminal: a log line
-                    log.info(
-                        "step %d: loss %.3f  nll %.3f  lr %.2e  %.0f tokens/s",
-                        p.step,
-                        record["loss"],
-                        record["nll"],
-                        record["lr"],
-                        record["tokens_per_s"],
-                    )
-            if t.eval_every and p.step % t.eval_every == 0:
-                self.evaluate_and_save()
-            elif t.save_every and p.step % t.save_every == 0:
-                self.save(["last.pt", f"step_{p.step}.pt"])
+            if "skipped" in result:
+                self.count_skipped(result["skipped"])
+            else:
+                self.record_update(result, took, window, bar)
+            if result["stop"]:  # this rank or another wanted to stop: all stop after this update
+                reason = wanted or "another rank stopped"
+                break
         if window["updates"]:
             self.log_window(window)
         if reason != "signal" and (not t.eval_every or p.step % t.eval_every):
@@ -563,12 +546,64 @@ class Trainer:
             bar.close()
         return reason
 
+    def count_skipped(self, why: str) -> None:
+        """Log an update that was skipped; stop after `max_bad_steps` non-finite ones in a row."""
+        p = self.progress
+        if why == "overflow":
+            log.debug("step %d: fp16 gradient overflow, loss scale lowered", p.step + 1)
+            return
+        p.bad_steps += 1
+        log.warning(
+            "step %d: non-finite loss or gradient, update skipped (%d in a row)",
+            p.step + 1,
+            p.bad_steps,
+        )
+        if p.bad_steps >= self.config.train.max_bad_steps:
+            raise TrainingError(
+                f"{p.bad_steps} non-finite losses in a row at step "
+                f"{p.step + 1}; lower train.lr or use train.precision=fp32 "
+                f"(last good checkpoint: {self.run.checkpoints / 'last.pt'})"
+            )
+
+    def record_update(self, result: dict[str, Any], took: float, window: dict, bar) -> None:
+        """Count an update: the progress bar, the metrics window, validation and checkpoints."""
+        t, p = self.config.train, self.progress
+        p.bad_steps = 0
+        p.step += 1
+        for k in ("loss", "nll", "tokens"):
+            window[k] += result[k] * (result["tokens"] if k != "tokens" else 1)
+        window["updates"] += 1
+        window["time"] += took
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(
+                loss=f"{result['loss']:.3f}",
+                lr=f"{self.lr():.2e}",
+                tok_s=f"{result['tokens'] / took:.0f}",
+                refresh=False,
+            )
+        if p.step % t.log_every == 0:
+            record = self.log_window(window)
+            if self.dist.main and (bar is None or bar.disable):  # no terminal: a log line
+                log.info(
+                    "step %d: loss %.3f  nll %.3f  lr %.2e  %.0f tokens/s",
+                    p.step,
+                    record["loss"],
+                    record["nll"],
+                    record["lr"],
+                    record["tokens_per_s"],
+                )
+        if t.eval_every and p.step % t.eval_every == 0:
+            self.evaluate_and_save()
+        elif t.save_every and p.step % t.save_every == 0:
+            self.save(["last.pt", f"step_{p.step}.pt"])
+
     def evaluate_and_save(self) -> None:
         """Validate on the main rank, log it, save last.pt (and best.pt, step_N.pt)."""
         p, t = self.progress, self.config.train
         best = False
         if self.dist.main:  # the others wait in the next collective; early stopping reaches
-            metrics = self.validate()  # them through `any_rank` at the top of the loop
+            metrics = self.validate()  # them with the stop flag of the next update
             best = self.record_validation(metrics)
             record = {"step": p.step, "epoch": round(self.epochs_done(), 3), **metrics}
             self.write_metrics({**record, "best": p.best, "wall": round(p.elapsed, 1)})
@@ -713,7 +748,7 @@ def resume_config(
 
 def run_train(config: Config, out: Path, resume: bool, force: bool = False) -> str:
     """The `tf train` command; returns why training stopped."""
-    dd, device = distributed.init(config.train.device)
+    dd, device = distributed.init(config.train.device, config.train.dist_timeout)
     try:
         run = RunDir(out)
         if resume and not (run.checkpoints / "last.pt").is_file():

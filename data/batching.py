@@ -34,16 +34,32 @@ class Batch:
     n_src_tokens: int  # real (non-pad) source tokens
     n_tgt_tokens: int  # non-pad positions of tgt_out, EOS included
     indices: list[int]  # dataset rows of the examples, in batch order
+    # (N,) long, N = n_tgt_tokens: the real target positions in the flattened (B*T) order. Found
+    # here, on the host, so that training selects them with `index_select`, which never waits
+    # for the GPU as boolean indexing (a `nonzero`) does.
+    tgt_index: Tensor | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """A copy with every tensor on `device`."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """A copy in page-locked host memory, so that a copy to the GPU can run asynchronously."""
+        return self._map(lambda t: t.pin_memory())
+
+    def real_targets(self) -> Tensor:
+        """(N,) the target ids at the real positions, in `tgt_index` order."""
+        return self.tgt_out.reshape(-1).index_select(0, self.tgt_index)
+
+    def _map(self, fn) -> Batch:
         return replace(
             self,
-            src=self.src.to(device, non_blocking=non_blocking),
-            tgt_in=self.tgt_in.to(device, non_blocking=non_blocking),
-            tgt_out=self.tgt_out.to(device, non_blocking=non_blocking),
-            src_pad_mask=self.src_pad_mask.to(device, non_blocking=non_blocking),
-            tgt_pad_mask=self.tgt_pad_mask.to(device, non_blocking=non_blocking),
+            src=fn(self.src),
+            tgt_in=fn(self.tgt_in),
+            tgt_out=fn(self.tgt_out),
+            src_pad_mask=fn(self.src_pad_mask),
+            tgt_pad_mask=fn(self.tgt_pad_mask),
+            tgt_index=None if self.tgt_index is None else fn(self.tgt_index),
         )
 
 
@@ -92,16 +108,18 @@ def _collate_rows(
         width = int(tgt_lens.max()) if n else 0
         tgt_in = _pad(tgt_rows, width, pad_id, first=bos_id)  # (B, T)
         tgt_out = _pad(tgt_rows, width, pad_id, last=eos_id)  # (B, T)
+    # Masks come from the lengths, not from `== pad_id`: correct whatever the ids hold.
+    tgt_pad_mask = _pad_mask(tgt_lens, tgt_in.shape[1])
     return Batch(
         src=src,
         tgt_in=tgt_in,
         tgt_out=tgt_out,
-        # Masks come from the lengths, not from `== pad_id`: correct whatever the ids hold.
         src_pad_mask=_pad_mask(src_lens, src.shape[1]),
-        tgt_pad_mask=_pad_mask(tgt_lens, tgt_in.shape[1]),
+        tgt_pad_mask=tgt_pad_mask,
         n_src_tokens=int(src_lens.sum()),
         n_tgt_tokens=int(tgt_lens.sum()) if tgt_rows is not None else 0,
         indices=indices,
+        tgt_index=(~tgt_pad_mask).reshape(-1).nonzero().squeeze(1),  # (N,)
     )
 
 

@@ -406,22 +406,22 @@ class Transformer(nn.Module):
         tgt_in: Tensor,
         src_pad_mask: Tensor,
         tgt_pad_mask: Tensor | None,
-        keep: Tensor | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """Logits of the next target token; arguments as `decode`.
 
         Args:
-            keep: (B, T) bool, or None. Training passes ~tgt_pad_mask, so that the generator,
-                the largest matmul of the model, is never run on padding.
+            positions: (N,) long indices into the flattened (B*T) target positions, or None.
+                Training passes the real (non-pad) ones, so that the generator, the largest
+                matmul of the model, is never run on padding.
 
         Returns:
-            (B, T, V) logits at every position, or (N, V) at the N positions where `keep` is
-            True, in row-major order (as `tgt_out[keep]`).
+            (B, T, V) logits at every position, or (N, V) at `positions`, in their order.
         """
         memory = self.encode(src, src_pad_mask)
         hidden = self.decode(tgt_in, memory, src_pad_mask, tgt_pad_mask)  # (B, T, D)
-        if keep is not None:
-            hidden = hidden[keep]  # (N, D)
+        if positions is not None:
+            hidden = hidden.flatten(0, 1).index_select(0, positions)  # (N, D)
         return self.project(hidden)
 
     def cross_attention(

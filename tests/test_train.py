@@ -226,7 +226,7 @@ def test_a_nan_gradient_with_a_finite_loss_is_skipped(tmp_path, tiny_prefix):
     handle = weight.register_hook(lambda g: g * float("nan"))
     result = trainer.update(trainer.next_batches())
     handle.remove()
-    assert result == {"skipped": "non-finite"}
+    assert result["skipped"] == "non-finite"
     for k, v in trainer.model.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert trainer.scheduler.last_epoch == 0 and not trainer.optimizer.state
