@@ -37,25 +37,24 @@ class KVCache:
         return KVCache(self.keys.index_select(0, index), self.values.index_select(0, index))
 
 
-def keep_mask(key_pad_mask: Tensor | None, attn_mask: Tensor | None) -> Tensor | None:
-    """SDPA's boolean keep-mask from torch's public masks, or None when nothing is masked.
+def keep_mask(key_pad_mask: Tensor | None) -> Tensor | None:
+    """SDPA's boolean keep-mask from torch's key-padding mask, or None when nothing is masked.
+
+    Built once per forward (or once per decoding cache) by the stacks and shared by their
+    layers; the causal mask is SDPA's `is_causal` flag instead (see `Transformer.decode`).
 
     Args:
         key_pad_mask: (B, S) bool, True = padding key, or None.
-        attn_mask: (T, S) bool, True = blocked (the causal mask), or None.
 
     Returns:
-        (B, 1, 1, S), (B, 1, T, S) or (T, S) bool, True = may attend: it broadcasts over the
-        heads, so no (B, H, T, S) mask is ever built.
+        (B, 1, 1, S) bool, True = may attend: it broadcasts over heads and queries, so no
+        (B, H, T, S) mask is ever built.
     """
+    if key_pad_mask is None:
+        return None
     # The one place a mask changes polarity: nn.Transformer's masks say True = padding/blocked,
     # scaled_dot_product_attention's boolean attn_mask says True = may attend. Opposite meanings.
-    blocked = None if key_pad_mask is None else key_pad_mask[:, None, None, :]  # (B, 1, 1, S)
-    if attn_mask is not None:
-        blocked = attn_mask if blocked is None else blocked | attn_mask  # (B, 1, T, S)
-    if blocked is None:
-        return None
-    keep = ~blocked
+    keep = ~key_pad_mask[:, None, None, :]  # (B, 1, 1, S)
     # A query whose keys are all masked (an all-padding source) would take a softmax over nothing,
     # NaN on some backends: let it attend to every key instead. Its output is never used.
     return keep | ~keep.any(dim=-1, keepdim=True)
@@ -93,13 +92,19 @@ class MultiheadAttention(nn.Module):
         x = x.view(B, T, n, self.n_heads, self.d_head)  # (B, T, n, H, D/H)
         return x.permute(2, 0, 3, 1, 4)  # (n, B, H, T, D/H)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, is_causal: bool = False
+    ) -> Tensor:
         """softmax(QK^T / sqrt(d_k)) V over the heads, then W_o (paper eq. 1).
 
-        q (B, H, T, D/H), k and v (B, H, S, D/H), keep broadcastable to (B, H, T, S) -> (B, T, D).
+        q (B, H, T, D/H), k and v (B, H, S, D/H), keep broadcastable to (B, H, T, S) or None,
+        is_causal: query i sees keys up to i (SDPA's flag, which admits its fastest kernels)
+        -> (B, T, D).
         """
         dropout_p = self.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep, dropout_p=dropout_p, is_causal=is_causal
+        )
         B, H, T, d_head = out.shape
         out = out.transpose(1, 2).reshape(B, T, H * d_head)  # (B, T, D)
         return self.out_proj(out)
@@ -118,16 +123,17 @@ class SelfAttention(MultiheadAttention):
     def forward(
         self,
         x: Tensor,
-        key_pad_mask: Tensor | None = None,
-        attn_mask: Tensor | None = None,
+        keep: Tensor | None = None,
+        is_causal: bool = False,
         cache: KVCache | None = None,
     ) -> Tensor:
         """Attend from every position of x to the positions of x (and of the cache).
 
         Args:
             x: (B, T, D) the sequence.
-            key_pad_mask: (B, T) bool, True = padding, or None.
-            attn_mask: (T, T) bool, True = blocked (the causal mask), or None.
+            keep: SDPA's keep-mask from `keep_mask` (True = may attend), (B, 1, 1, T) for key
+                padding, or None.
+            is_causal: position i attends to positions up to i only.
             cache: keys and values of earlier positions (B, H, t, D/H); those of x are appended
                 and x attends to all of them. Masks then must be None: the cache holds only the
                 past of real tokens.
@@ -140,7 +146,7 @@ class SelfAttention(MultiheadAttention):
         if cache is not None:
             cache.append(k, v)
             k, v = cache.keys, cache.values  # (B, H, t + T, D/H)
-        return self._attend(q, k, v, keep_mask(key_pad_mask, attn_mask))
+        return self._attend(q, k, v, keep, is_causal)
 
 
 class CrossAttention(MultiheadAttention):
@@ -159,24 +165,24 @@ class CrossAttention(MultiheadAttention):
         q = F.linear(x, self.in_proj_weight[:d_model], self.in_proj_bias[:d_model])  # (B, T, D)
         return self._split_heads(q, 1)[0]
 
-    def forward(self, x: Tensor, memory_kv: KVCache, key_pad_mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, memory_kv: KVCache, keep: Tensor | None) -> Tensor:
         """Attend from x to the memory.
 
         Args:
             x: (B, T, D) decoder states.
             memory_kv: from `project_memory`, (B, H, S, D/H) each.
-            key_pad_mask: (B, S) bool, True = padding in the source, or None.
+            keep: (B, 1, 1, S) from `keep_mask` of the source padding, or None.
 
         Returns:
             (B, T, D)
         """
         q = self._project_query(x)
-        return self._attend(q, memory_kv.keys, memory_kv.values, keep_mask(key_pad_mask, None))
+        return self._attend(q, memory_kv.keys, memory_kv.values, keep)
 
-    def probabilities(self, x: Tensor, memory_kv: KVCache, key_pad_mask: Tensor | None) -> Tensor:
+    def probabilities(self, x: Tensor, memory_kv: KVCache, keep: Tensor | None) -> Tensor:
         """The attention probabilities softmax(QK^T / sqrt(d_k)) of `forward`, per head.
 
-        Shape: x (B, T, D), key_pad_mask (B, S) -> (B, H, T, S), zero on padding keys.
+        Shape: x (B, T, D), keep (B, 1, 1, S) -> (B, H, T, S), zero on padding keys.
         """
         q = self._project_query(x)
-        return self._probabilities(q, memory_kv.keys, keep_mask(key_pad_mask, None))
+        return self._probabilities(q, memory_kv.keys, keep)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.attention import CrossAttention, KVCache, MultiheadAttention, SelfAttention
+from model.attention import CrossAttention, KVCache, MultiheadAttention, SelfAttention, keep_mask
 
 TIE_EMBEDDINGS = ("none", "decoder", "all")
 
@@ -119,18 +119,18 @@ class EncoderLayer(nn.Module):
         self.dropout1 = nn.Dropout(config.dropout)
         self.dropout2 = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, src_pad_mask: Tensor | None) -> Tensor:
-        """x (B, S, D), src_pad_mask (B, S) True = padding -> (B, S, D)."""
+    def forward(self, x: Tensor, src_keep: Tensor | None) -> Tensor:
+        """x (B, S, D), src_keep (B, 1, 1, S) from `keep_mask` (True = real) -> (B, S, D)."""
         if self.norm_first:
-            x = x + self._sa_block(self.norm1(x), src_pad_mask)
+            x = x + self._sa_block(self.norm1(x), src_keep)
             x = x + self._ff_block(self.norm2(x))
         else:
-            x = self.norm1(x + self._sa_block(x, src_pad_mask))
+            x = self.norm1(x + self._sa_block(x, src_keep))
             x = self.norm2(x + self._ff_block(x))
         return x
 
-    def _sa_block(self, x: Tensor, src_pad_mask: Tensor | None) -> Tensor:
-        return self.dropout1(self.self_attn(x, key_pad_mask=src_pad_mask))
+    def _sa_block(self, x: Tensor, src_keep: Tensor | None) -> Tensor:
+        return self.dropout1(self.self_attn(x, keep=src_keep))
 
     def _ff_block(self, x: Tensor) -> Tensor:
         """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
@@ -160,9 +160,8 @@ class DecoderLayer(nn.Module):
         self,
         x: Tensor,
         memory_kv: KVCache,
-        src_pad_mask: Tensor | None,
-        tgt_pad_mask: Tensor | None = None,
-        causal: Tensor | None = None,
+        src_keep: Tensor | None,
+        causal: bool = False,
         cache: KVCache | None = None,
     ) -> Tensor:
         """One decoder layer over a whole target sequence, or over one new position with a cache.
@@ -170,46 +169,39 @@ class DecoderLayer(nn.Module):
         Args:
             x: (B, T, D) target states; T = 1 when decoding step by step.
             memory_kv: keys and values of the encoder output for `multihead_attn`, (B, H, S, D/H).
-            src_pad_mask: (B, S) True = padding.
-            tgt_pad_mask: (B, T) True = padding (as torch's tgt_key_padding_mask), or None.
-            causal: (T, T) True = blocked, or None when stepping (the cache holds only the past).
+            src_keep: (B, 1, 1, S) from `keep_mask` of the source padding (True = real).
+            causal: position i attends to target positions up to i; False when stepping (the
+                cache holds only the past).
             cache: self-attention keys and values of earlier positions; x's are appended.
 
         Returns:
             (B, T, D)
         """
         if self.norm_first:
-            x = x + self._sa_block(self.norm1(x), tgt_pad_mask, causal, cache)
-            x = x + self._mha_block(self.norm2(x), memory_kv, src_pad_mask)
+            x = x + self._sa_block(self.norm1(x), causal, cache)
+            x = x + self._mha_block(self.norm2(x), memory_kv, src_keep)
             x = x + self._ff_block(self.norm3(x))
         else:
-            x = self.norm1(x + self._sa_block(x, tgt_pad_mask, causal, cache))
-            x = self.norm2(x + self._mha_block(x, memory_kv, src_pad_mask))
+            x = self.norm1(x + self._sa_block(x, causal, cache))
+            x = self.norm2(x + self._mha_block(x, memory_kv, src_keep))
             x = self.norm3(x + self._ff_block(x))
         return x
 
     def cross_attention(
-        self,
-        x: Tensor,
-        memory_kv: KVCache,
-        src_pad_mask: Tensor | None,
-        tgt_pad_mask: Tensor | None,
-        causal: Tensor,
+        self, x: Tensor, memory_kv: KVCache, src_keep: Tensor | None, causal: bool
     ) -> Tensor:
         """This layer's cross-attention probabilities for its input x (B, T, D) -> (B, H, T, S)."""
         if self.norm_first:
-            x = x + self._sa_block(self.norm1(x), tgt_pad_mask, causal, None)
-            return self.multihead_attn.probabilities(self.norm2(x), memory_kv, src_pad_mask)
-        x = self.norm1(x + self._sa_block(x, tgt_pad_mask, causal, None))
-        return self.multihead_attn.probabilities(x, memory_kv, src_pad_mask)
+            x = x + self._sa_block(self.norm1(x), causal, None)
+            return self.multihead_attn.probabilities(self.norm2(x), memory_kv, src_keep)
+        x = self.norm1(x + self._sa_block(x, causal, None))
+        return self.multihead_attn.probabilities(x, memory_kv, src_keep)
 
-    def _sa_block(
-        self, x: Tensor, tgt_pad_mask: Tensor | None, causal: Tensor | None, cache: KVCache | None
-    ) -> Tensor:
-        return self.dropout1(self.self_attn(x, tgt_pad_mask, causal, cache))
+    def _sa_block(self, x: Tensor, causal: bool, cache: KVCache | None) -> Tensor:
+        return self.dropout1(self.self_attn(x, is_causal=causal, cache=cache))
 
-    def _mha_block(self, x: Tensor, memory_kv: KVCache, src_pad_mask: Tensor | None) -> Tensor:
-        return self.dropout2(self.multihead_attn(x, memory_kv, src_pad_mask))
+    def _mha_block(self, x: Tensor, memory_kv: KVCache, src_keep: Tensor | None) -> Tensor:
+        return self.dropout2(self.multihead_attn(x, memory_kv, src_keep))
 
     def _ff_block(self, x: Tensor) -> Tensor:
         """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
@@ -231,8 +223,9 @@ class Encoder(nn.Module):
 
     def forward(self, x: Tensor, src_pad_mask: Tensor | None) -> Tensor:
         """x (B, S, D), src_pad_mask (B, S) True = padding -> (B, S, D)."""
+        src_keep = keep_mask(src_pad_mask)  # (B, 1, 1, S): once for all layers
         for layer in self.layers:
-            x = layer(x, src_pad_mask)
+            x = layer(x, src_keep)
         return x if self.norm is None else self.norm(x)
 
 
@@ -252,30 +245,24 @@ class Decoder(nn.Module):
         self,
         x: Tensor,
         memory_kv: list[KVCache],
-        src_pad_mask: Tensor | None,
-        tgt_pad_mask: Tensor | None = None,
-        causal: Tensor | None = None,
+        src_keep: Tensor | None,
+        causal: bool = False,
         caches: list[KVCache] | None = None,
     ) -> Tensor:
         """Embedded targets x (B, T, D) -> (B, T, D); arguments as `DecoderLayer.forward`."""
         caches = caches if caches is not None else [None] * len(self.layers)
         for layer, kv, cache in zip(self.layers, memory_kv, caches, strict=True):
-            x = layer(x, kv, src_pad_mask, tgt_pad_mask, causal, cache)
+            x = layer(x, kv, src_keep, causal, cache)
         return x if self.norm is None else self.norm(x)
 
     def cross_attention(
-        self,
-        x: Tensor,
-        memory_kv: list[KVCache],
-        src_pad_mask: Tensor | None,
-        tgt_pad_mask: Tensor | None,
-        causal: Tensor,
+        self, x: Tensor, memory_kv: list[KVCache], src_keep: Tensor | None
     ) -> Tensor:
         """Each layer's cross-attention probabilities, x (B, T, D) -> (L, B, H, T, S)."""
         probabilities = []
         for layer, kv in zip(self.layers, memory_kv, strict=True):
-            probabilities.append(layer.cross_attention(x, kv, src_pad_mask, tgt_pad_mask, causal))
-            x = layer(x, kv, src_pad_mask, tgt_pad_mask, causal)
+            probabilities.append(layer.cross_attention(x, kv, src_keep, causal=True))
+            x = layer(x, kv, src_keep, causal=True)
         return torch.stack(probabilities)
 
 
@@ -285,7 +272,7 @@ class DecoderCache:
 
     self_attn: list[KVCache]  # per layer, the fed tokens' keys/values, (N, H, t, D/H) each
     cross_attn: list[KVCache]  # per layer, the source's keys/values, (N, H, S, D/H) each
-    src_pad_mask: Tensor  # (N, S) True = padding
+    src_keep: Tensor | None  # (N, 1, 1, S) from `keep_mask`, built once per cache
     step: int = 0  # tokens fed so far = position of the next one
 
     def reorder(self, index: Tensor) -> DecoderCache:
@@ -293,7 +280,7 @@ class DecoderCache:
         return DecoderCache(
             self_attn=[kv.reorder(index) for kv in self.self_attn],
             cross_attn=[kv.reorder(index) for kv in self.cross_attn],
-            src_pad_mask=self.src_pad_mask.index_select(0, index),
+            src_keep=None if self.src_keep is None else self.src_keep.index_select(0, index),
             step=self.step,
         )
 
@@ -381,20 +368,27 @@ class Transformer(nn.Module):
     def decode(
         self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor, tgt_pad_mask: Tensor | None
     ) -> Tensor:
-        """Teacher-forced decoding of a whole target sequence, the causal mask built here.
+        """Teacher-forced decoding of a whole target sequence under the causal mask.
+
+        Targets are right-padded (as `data.batching.collate` pads them), so the causal mask
+        alone already hides every padding position from every real one: self-attention takes
+        SDPA's `is_causal` flag, which admits its fastest kernels, and no (B, 1, T, T) mask is
+        built. Outputs at padding positions are not those of torch (which masks them too) and
+        are never used.
 
         Args:
-            tgt_in: (B, T) target ids, BOS first.
+            tgt_in: (B, T) target ids, BOS first, right-padded.
             memory: (B, S, D) from `encode`.
             src_pad_mask: (B, S) True = padding.
-            tgt_pad_mask: (B, T) True = padding, or None when there is none.
+            tgt_pad_mask: (B, T) True = padding, or None; hidden by the causal mask already
+                (see above), it is accepted as torch's `tgt_key_padding_mask` is.
 
         Returns:
             hidden states (B, T, D); `project` turns them into logits.
         """
-        causal = causal_mask(tgt_in.size(1), tgt_in.device)  # (T, T)
         memory_kv = self.decoder.project_memory(memory)
-        return self.decoder(self.tgt_embed(tgt_in), memory_kv, src_pad_mask, tgt_pad_mask, causal)
+        src_keep = keep_mask(src_pad_mask)  # (B, 1, 1, S): once for all layers
+        return self.decoder(self.tgt_embed(tgt_in), memory_kv, src_keep, causal=True)
 
     def project(self, hidden: Tensor) -> Tensor:
         """The generator: hidden (..., D) -> logits (..., V)."""
@@ -434,9 +428,8 @@ class Transformer(nn.Module):
         """
         memory = self.encode(src, src_pad_mask)
         memory_kv = self.decoder.project_memory(memory)
-        causal = causal_mask(tgt_in.size(1), tgt_in.device)  # (T, T)
         x = self.tgt_embed(tgt_in)
-        return self.decoder.cross_attention(x, memory_kv, src_pad_mask, tgt_pad_mask, causal)
+        return self.decoder.cross_attention(x, memory_kv, keep_mask(src_pad_mask))
 
     def init_cache(self, memory: Tensor, src_pad_mask: Tensor) -> DecoderCache:
         """The cache for `decode_step`: the cross-attention keys and values are computed here, once.
@@ -449,7 +442,7 @@ class Transformer(nn.Module):
         return DecoderCache(
             self_attn=[KVCache(empty, empty) for _ in self.decoder.layers],
             cross_attn=self.decoder.project_memory(memory),
-            src_pad_mask=src_pad_mask,
+            src_keep=keep_mask(src_pad_mask),
         )
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
@@ -461,7 +454,7 @@ class Transformer(nn.Module):
         Shape: tokens (N,) long -> logits (N, V).
         """
         x = self.tgt_embed(tokens[:, None], start=cache.step)  # (N, 1, D)
-        x = self.decoder(x, cache.cross_attn, cache.src_pad_mask, caches=cache.self_attn)
+        x = self.decoder(x, cache.cross_attn, cache.src_keep, caches=cache.self_attn)
         cache.step += 1
         return self.project(x[:, 0])  # (N, V)
 
