@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -68,3 +69,13 @@ def configure_device(device: torch.device) -> None:
     elif device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+
+
+def inference_autocast(device: torch.device) -> AbstractContextManager:
+    """How decoding computes on `device`: on CUDA, autocast to bf16 where the GPU has it natively
+    (else fp16) with TF32 matmuls, so the output projection at every step runs on tensor cores;
+    on CPUs plain fp32, as before (log-probabilities are taken in fp32 either way)."""
+    if device.type != "cuda":
+        return nullcontext()
+    configure_device(device)
+    return torch.autocast("cuda", dtype=autocast_dtype("auto", device))

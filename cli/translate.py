@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from cli.checkpoint import load_for_inference
 from cli.config import DecodeConfig, with_overrides
-from cli.device import pick_device
+from cli.device import inference_autocast, pick_device
 from cli.files import atomic_output, check_output
 from data.batching import Batch, batch_by_tokens, collate
 from data.errors import InputError
@@ -145,7 +145,8 @@ def translate_ids(
             tokenizer.eos_id,
             rows,
         ).to(device)
-        hyps = search_batch(model, batch, decode, options, tokenizer.bos_id, tokenizer.eos_id)
+        with inference_autocast(device):  # CUDA: bf16/fp16 and TF32; CPU: fp32 as trained
+            hyps = search_batch(model, batch, decode, options, tokenizer.bos_id, tokenizer.eos_id)
         for i, h in zip(rows, hyps):
             results[i] = h
     return results

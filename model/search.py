@@ -133,17 +133,19 @@ def greedy_search(
         best, tokens = log_probs.max(dim=1)  # (N,) each; ties go to the first id
         sum_log_probs = beams.log_probs + best  # (N,)
         ended = (tokens == eos_id) | (row_max_lens <= t)  # (N,) the latter even if EOS is -inf
-        if ended.any():
+        host_ended = ended.tolist()  # the step's one wait for the device
+        if any(host_ended):
+            rows = _index_on([i for i, e in enumerate(host_ended) if e], tokens.device)
             for sentence, prefix, log_prob in zip(
-                beams.sentence[ended].tolist(),
-                beams.tokens[ended].tolist(),
-                sum_log_probs[ended].tolist(),
+                beams.sentence.index_select(0, rows).tolist(),
+                beams.tokens.index_select(0, rows).tolist(),
+                sum_log_probs.index_select(0, rows).tolist(),
                 strict=True,
             ):
                 results[sentence] = Hypothesis(prefix, log_prob, log_prob)
-            if ended.all():
+            if all(host_ended):
                 break
-            live = (~ended).nonzero().squeeze(1)  # (N',)
+            live = _index_on([i for i, e in enumerate(host_ended) if not e], tokens.device)
             state = reorder(state, live)
             beams, tokens, sum_log_probs = beams.take(live), tokens[live], sum_log_probs[live]
         beams = beams.extend(tokens, sum_log_probs)
@@ -193,8 +195,10 @@ def beam_search(
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"need 1 <= nbest <= beam_size, got nbest {nbest}, beam {beam_size}")
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
-    beams = _initial_beams(batch_size, max_lens.device)
-    tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=max_lens.device)
+    device = max_lens.device
+    beams = _initial_beams(batch_size, device)
+    tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)
+    host_max_lens = max_lens.tolist()
     k = 1  # rows per live sentence: one before the first step, then up to beam_size
     for t in itertools.count():
         log_probs, state = step(tokens, state)  # (N, V)
@@ -204,26 +208,41 @@ def beam_search(
         is_eos = words == eos_id  # (B', C)
 
         ends = is_eos[:, :beam_size] & top[:, :beam_size].isfinite()  # (B', <=beam)
-        if ends.any():
-            _add_finished(finished, beams, ends, top, rows, length_penalty, nbest)
-
         # At most k candidates end in EOS (one per row), so C - k of them do not.
         k_next = min(beam_size, top.size(1) - k)
         live = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :k_next]  # (B', k')
         live_scores = top.gather(1, live)  # (B', k'), best first
         sentences = beams.sentence[::k]  # (B',)
-        done = _sentences_done(
-            finished, sentences, live_scores[:, 0], t, max_lens, length_penalty, nbest
-        )  # (B',)
-        if done.all():
+        bound = _best_possible_scores(live_scores[:, 0], sentences, t, max_lens, length_penalty)
+        # What the host decides on reaches it in one transfer a step (on a GPU, one wait).
+        packed = torch.cat([sentences.double(), bound.double(), ends.flatten().double()]).tolist()
+        n = sentences.size(0)
+        host_sentences = [int(b) for b in packed[:n]]
+        ended = [i for i, e in enumerate(packed[2 * n :]) if e]
+        if ended:
+            _add_finished(finished, beams, ended, ends.size(1), top, rows, length_penalty, nbest)
+        keep = [
+            i
+            for i, (b, best_possible) in enumerate(zip(host_sentences, packed[n : 2 * n]))
+            if not _sentence_done(finished[b], best_possible, t, host_max_lens[b], nbest)
+        ]
+        if not keep:
             break
-        keep = (~done).nonzero().squeeze(1)  # (B'',)
-        index = rows.gather(1, live)[keep].flatten()  # (B'' k',)
-        tokens = words.gather(1, live)[keep].flatten()  # (B'' k',)
-        beams = beams.take(index).extend(tokens, live_scores[keep].flatten())
+        keep_index = _index_on(keep, device)  # (B'',)
+        index = rows.gather(1, live).index_select(0, keep_index).flatten()  # (B'' k',)
+        tokens = words.gather(1, live).index_select(0, keep_index).flatten()  # (B'' k',)
+        beams = beams.take(index).extend(tokens, live_scores.index_select(0, keep_index).flatten())
         state = reorder(state, index)
         k = k_next
     return finished
+
+
+def _index_on(indices: list[int], device: torch.device) -> Tensor:
+    """A long tensor of host indices on `device`, copied without waiting for the device."""
+    index = torch.tensor(indices, dtype=torch.long)
+    if device.type == "cuda":
+        return index.pin_memory().to(device, non_blocking=True)
+    return index.to(device)
 
 
 def _best_extensions(
@@ -244,19 +263,24 @@ def _best_extensions(
 def _add_finished(
     finished: list[list[Hypothesis]],
     beams: Beams,
-    ends: Tensor,
+    ends: list[int],
+    width: int,
     top: Tensor,
     rows: Tensor,
     alpha: float,
     nbest: int,
 ) -> None:
-    """Put the candidates marked in ends (B', C') into their sentence's n-best list."""
-    where = ends.nonzero()  # (M, 2): live sentence, candidate
-    sentence, candidate = where[:, 0], where[:, 1]
+    """Put the ended candidates into their sentence's n-best list.
+
+    `ends` are flat, row-major indices into the first `width` columns of top and rows (B', C),
+    found on the host.
+    """
+    index = _index_on(ends, top.device)  # (M,)
+    candidates = rows[:, :width].flatten().index_select(0, index)  # (M,) the rows extended
     for b, prefix, log_prob in zip(
-        beams.sentence[rows[sentence, candidate]].tolist(),
-        beams.tokens[rows[sentence, candidate]].tolist(),
-        top[sentence, candidate].tolist(),
+        beams.sentence.index_select(0, candidates).tolist(),
+        beams.tokens.index_select(0, candidates).tolist(),
+        top[:, :width].flatten().index_select(0, index).tolist(),
         strict=True,
     ):
         score = log_prob / gnmt_length_penalty(len(prefix) + 1, alpha)  # |Y| counts EOS
@@ -266,34 +290,29 @@ def _add_finished(
         del hyps[nbest:]
 
 
-def _sentences_done(
-    finished: list[list[Hypothesis]],
-    sentences: Tensor,
-    best_live: Tensor,
-    t: int,
-    max_lens: Tensor,
-    alpha: float,
-    nbest: int,
+def _best_possible_scores(
+    best_live: Tensor, sentences: Tensor, t: int, max_lens: Tensor, alpha: float
 ) -> Tensor:
-    """Which live sentences (B',) stop after step t; best_live (B',) is each one's best log-prob.
+    """The best GNMT score each live sentence's live hypotheses could still reach after step t.
 
-    A sentence stops at its max length, or once it holds nbest finished hypotheses and the best
-    score any live one could still reach is no better than the worst of them. A live hypothesis
-    has t + 1 tokens; finished, its |Y| lies between t + 2 and max_len + 1. Its log-probability
-    can only fall (every step adds a log-probability <= 0), so its score is at most
-    best_live / lp(|Y|) at the |Y| where lp is largest: max_len + 1 for alpha >= 0 (lp grows with
-    length), t + 2 for alpha < 0. With alpha = 0 this is "the best live log-prob is no better".
+    A live hypothesis has t + 1 tokens; finished, its |Y| lies between t + 2 and max_len + 1.
+    Its log-probability can only fall (every step adds a log-probability <= 0), so its score is
+    at most best_live / lp(|Y|) at the |Y| where lp is largest: max_len + 1 for alpha >= 0 (lp
+    grows with length), t + 2 for alpha < 0. With alpha = 0 this is the best live log-prob.
+
+    Shape: best_live (B',), sentences (B',) -> (B',).
     """
     sentence_max_lens = max_lens[sentences]  # (B',)
     if alpha >= 0:
         best_length = sentence_max_lens + 1
     else:
         best_length = torch.full_like(sentence_max_lens, t + 2)
-    bound = best_live / gnmt_length_penalty(best_length, alpha)  # (B',)
-    done = []
-    for b, best_possible, max_len in zip(
-        sentences.tolist(), bound.tolist(), sentence_max_lens.tolist(), strict=True
-    ):
-        hyps = finished[b]
-        done.append(t >= max_len or (len(hyps) >= nbest and best_possible <= hyps[-1].score))
-    return torch.tensor(done, device=sentences.device)
+    return best_live / gnmt_length_penalty(best_length, alpha)
+
+
+def _sentence_done(
+    hyps: list[Hypothesis], best_possible: float, t: int, max_len: int, nbest: int
+) -> bool:
+    """A sentence stops after step t at its max length, or once it holds nbest finished
+    hypotheses and no live one can still score better than the worst of them."""
+    return t >= max_len or (len(hyps) >= nbest and best_possible <= hyps[-1].score)
