@@ -60,6 +60,9 @@ def run(
     lines = source_sentences(sentences)
     src_ids = encode_sources(tokenizer, lines, model.config.max_positions, "test.es", 1)
     results: dict[str, float] = {"sentences": len(lines), "threads": torch.get_num_threads()}
+    # Warm-up: CUDA context and kernels, the allocator, autocast caches; not timed.
+    for beam in (1, 5):
+        timed(model, tokenizer, config, src_ids[:16], SearchOptions(beam), 1)
     for name, beam in (("greedy", 1), ("beam5", 5)):
         seconds, tokens = timed(model, tokenizer, config, src_ids, SearchOptions(beam), repeats)
         results[f"{name}_sentences_per_s"] = len(src_ids) / seconds

@@ -2,7 +2,8 @@
 # The GPU benchmark, for when a CUDA machine is at hand: `base` (the paper's 65M model) on one
 # GPU in bf16, torch.compile off and on, against the torch.nn.Transformer reference; then a
 # 90-second `tf train` of base and decoding with it (greedy, beam 5, cached vs uncached).
-# Prints tokens/s and TFLOP/s (model FLOPs utilisation = TFLOP/s / the GPU's peak); about
+# Prints tokens/s, TFLOP/s and MFU (model FLOPs utilisation: TFLOP/s over the GPU's dense bf16
+# peak, from benchmarks/train_bench.py's table of data-sheet figures); about
 # 5 minutes unattended. Needs a CUDA build of torch: `make install TORCH=torch`.
 set -euo pipefail
 cd "$(dirname "$0")/.."

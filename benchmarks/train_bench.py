@@ -201,10 +201,41 @@ def peak_resident_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def cuda_peak_mb(step, batches, dtype, device) -> float:
+def cuda_peak_mb(name: str, config, tokenizer, batches, dtype, device) -> float:
+    """Peak GPU memory of one model's training passes alone: weights, optimiser state and
+    activations of a freshly built `name`, not the other models resident beside it."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
+    step = build(name.removesuffix("_compiled"), config, tokenizer, device)
     time_pass(step, batches[:2], dtype, device)
-    return torch.cuda.max_memory_allocated(device) / 2**20
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del step
+    torch.cuda.empty_cache()
+    return peak / 2**20
+
+
+# Dense bf16/fp16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets, for
+# model FLOPs utilisation (MFU); the first name contained in torch.cuda.get_device_name wins.
+PEAK_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
+    "A10": 125.0,
+    "V100": 125.0,
+    "T4": 65.0,
+    "4090": 165.0,
+}
+
+
+def gpu_peak_tflops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_TFLOPS.items() if key in name), None)
 
 
 def training_flops(model: ModelConfig, vocab_size: int, batches) -> float:
@@ -243,6 +274,7 @@ def run(
     if compile:
         steps["tf_compiled"] = build("tf", config, tokenizer, device, compile=True)
     flops = training_flops(config.model, tokenizer.tgt_vocab_size, batches)
+    peak_tflops = gpu_peak_tflops(device)
     results: dict[str, float] = {"target_tokens_per_pass": tokens, "batches": len(batches)}
     for precision in precisions:
         dtype = DTYPES[precision]
@@ -252,12 +284,16 @@ def run(
         for _ in range(repeats):
             for name, step in steps.items():  # alternate, so noise hits both alike
                 times[name].append(time_pass(step, batches, dtype, device))
-        for name, step in steps.items():
+        for name in steps:
             seconds = statistics.median(times[name])
             results[f"{name}_{precision}_tokens_per_s"] = tokens / seconds
             results[f"{name}_{precision}_tflops"] = flops / seconds / 1e12
+            if peak_tflops:
+                results[f"{name}_{precision}_mfu"] = flops / seconds / 1e12 / peak_tflops
             if memory and device.type == "cuda":
-                results[f"{name}_{precision}_peak_mb"] = cuda_peak_mb(step, batches, dtype, device)
+                results[f"{name}_{precision}_peak_mb"] = cuda_peak_mb(
+                    name, config, tokenizer, batches, dtype, device
+                )
             elif memory and name != "tf_compiled":
                 results[f"{name}_{precision}_peak_mb"] = peak_rss_mb(
                     name, config_name, precision, batches[:2], tokenizer
@@ -270,7 +306,17 @@ def run(
 
 def print_results(r: dict, precisions: tuple[str, ...]) -> None:
     base = precisions[0]
-    rows = [("model", "precision", "target tokens/s", f"vs reference {base}", "TFLOP/s", "peak MB")]
+    rows = [
+        (
+            "model",
+            "precision",
+            "target tokens/s",
+            f"vs reference {base}",
+            "TFLOP/s",
+            "MFU",
+            "peak MB",
+        )
+    ]
     for name in ("tf", "tf_compiled", "reference", "reference_matched"):
         for precision in precisions:
             key = f"{name}_{precision}"
@@ -283,6 +329,7 @@ def print_results(r: dict, precisions: tuple[str, ...]) -> None:
                     f"{r[f'{key}_tokens_per_s']:,.0f}",
                     f"{r[f'{key}_vs_reference_{base}']:.2f}x",
                     f"{r[f'{key}_tflops']:.2f}",
+                    f"{r[f'{key}_mfu']:.1%}" if f"{key}_mfu" in r else "-",
                     f"{r.get(f'{key}_peak_mb', float('nan')):,.0f}",
                 )
             )

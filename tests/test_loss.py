@@ -50,3 +50,36 @@ def test_float32_under_bfloat16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss, nll = label_smoothed_cross_entropy(logits, torch.tensor([1, 2, 3, 4]), 0.1)
     assert loss.dtype == nll.dtype == torch.float32
+
+
+def reference_loss(logits, target, epsilon, ignore_index):
+    """The textbook autograd formulation over float32 log-probabilities of all rows at once."""
+    log_probs = F.log_softmax(logits.float(), dim=-1)
+    counted = (target != ignore_index).float()
+    nll = -log_probs.gather(1, target[:, None]).squeeze(1)
+    loss = (1 - epsilon) * nll - (epsilon / logits.size(1)) * log_probs.sum(-1)
+    return (loss * counted).sum(), (nll * counted).sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_elements", [1 << 24, 3 * 7])  # one chunk; chunks of 3 rows
+def test_gradient_and_values_equal_the_autograd_reference(dtype, chunk_elements, monkeypatch):
+    import model.loss
+
+    monkeypatch.setattr(model.loss, "CHUNK_ELEMENTS", chunk_elements)
+    g = torch.Generator().manual_seed(1)
+    base = (3 * torch.randn(10, 7, generator=g)).to(dtype)
+    target = torch.randint(0, 7, (10,), generator=g)
+    target[4] = PAD
+    ours_logits = base.clone().requires_grad_()
+    ref_logits = base.clone().requires_grad_()
+    loss, nll = label_smoothed_cross_entropy(ours_logits, target, 0.1, ignore_index=PAD)
+    ref_loss, ref_nll = reference_loss(ref_logits, target, 0.1, PAD)
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(nll, ref_nll)
+    (2.5 * loss).backward()
+    (2.5 * ref_loss).backward()
+    assert ours_logits.grad.dtype == dtype
+    torch.testing.assert_close(ours_logits.grad, ref_logits.grad)
+    assert ours_logits.grad[4].abs().max() == 0  # an ignored row gets no gradient
+    torch.testing.assert_close(base, ours_logits.detach())  # the logits were not changed
