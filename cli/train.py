@@ -32,6 +32,7 @@ from cli.device import autocast_dtype, configure_device
 from cli.evaluate import score
 from cli.files import atomic_output, check_output
 from cli.optim import apply_settings, build_optimizer
+from cli.prefetch import training_batches
 from cli.translate import SearchOptions, translate_ids
 from data.batching import Batch, BatchIterator
 from data.corpus import encode_corpus, filter_pairs, load_corpus, token_ids
@@ -263,6 +264,8 @@ class Trainer:
         self.progress = Progress()
         if resume:
             self.restore(run.checkpoints / "last.pt")
+        else:
+            self.start_batches()
         # Dropout differs between ranks; the initial weights do not (DDP broadcasts rank 0's).
         if not resume:
             torch.manual_seed(t.seed + self.dist.rank)
@@ -276,7 +279,6 @@ class Trainer:
         if t.compile:
             self.net = torch.compile(self.net)
         self.stop_requested = False
-        self.batch_stream = iter(self.data.train)
 
     # -- checkpoints
 
@@ -292,7 +294,7 @@ class Trainer:
             "epoch": round(self.epochs_done(), 3),
             # Per rank, in rank order: where its share of the batches stands, and its RNGs.
             "ranks": distributed.gather_to_main(
-                self.dist, {"iterator": self.data.train.state_dict(), "rng": rng_state(self.device)}
+                self.dist, {"iterator": self.iterator_state, "rng": rng_state(self.device)}
             ),
             "progress": asdict(p),
             "config": self.config.to_dict(),
@@ -349,6 +351,7 @@ class Trainer:
         except ValueError as e:
             raise TrainingError(f"{path}: cannot continue its batches: {e}") from None
         set_rng_state(mine["rng"], self.device)
+        self.start_batches()
         self.progress = Progress(**ckpt["progress"])
         if self.dist.main:
             truncate_metrics(self.run.metrics, ckpt["step"])
@@ -370,15 +373,22 @@ class Trainer:
             logits, batch.real_targets(), self.config.train.label_smoothing
         )
 
+    def start_batches(self) -> None:
+        """Stream the training batches from where the iterator stands now."""
+        it = self.data.train
+        # Where the batches consumed so far leave the iterator (a prefetching thread runs ahead).
+        self.iterator_state = it.state_dict()
+        self.epochs = it.epoch + it.position / len(it)
+        self.batch_stream = training_batches(it, prefetch=self.device.type == "cuda")
+
     def next_batches(self) -> list[Batch]:
-        """The `update_freq` batches of the next update, crossing into the next epoch as needed."""
+        """The `update_freq` batches of the next update, crossing into the next epoch as needed,
+        on the device (asynchronously from pinned memory on a GPU)."""
         batches = []
-        while len(batches) < self.config.train.update_freq:
-            batch = next(self.batch_stream, None)
-            if batch is None:
-                self.batch_stream = iter(self.data.train)  # the iterator moved to the next epoch
-                continue
-            batches.append(batch.to(self.device))
+        for _ in range(self.config.train.update_freq):
+            fetched = next(self.batch_stream)
+            self.iterator_state, self.epochs = fetched.state, fetched.epochs
+            batches.append(fetched.batch.to(self.device, non_blocking=True))
         return batches
 
     def update(self, batches: list[Batch], stop: bool = False) -> dict[str, Any]:
@@ -476,8 +486,7 @@ class Trainer:
 
     def epochs_done(self) -> float:
         """Training epochs completed, with the fraction of the current one."""
-        it = self.data.train
-        return it.epoch + it.position / len(it)
+        return self.epochs
 
     def budget_spent(self) -> str | None:
         """max_steps or max_epochs reached: the same answer on every rank at the same step."""

@@ -55,6 +55,9 @@ def one_update(rank: int, world_size: int, port: int, prefix: str, run: str, out
             start_run(config, Path(run), force=True)
         distributed.barrier(dd)
         trainer = Trainer(config, RunDir(Path(run)), dd, device)
+        if dd.active:  # no per-step broadcast of the constant positions; no gradient copy
+            assert trainer.net.broadcast_buffers is False
+            assert trainer.net.gradient_as_bucket_view is True
         # The same first batch of the single-process plan on every rank, then this rank's part.
         batch = first_batch(trainer)
         rows = list(range(batch.src.size(0)))

@@ -1,0 +1,212 @@
+"""The CUDA and NCCL code paths, proven as far as a CPU can: faked device capabilities, faked
+visible-device counts, a scaler that skips, and host synchronisations counted."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from cli import device as device_module
+from cli import distributed
+from cli.config import load_config
+from cli.device import autocast_dtype
+from cli.train import Trainer, rng_state, set_rng_state, start_run
+from model.search import beam_search, greedy_search
+
+CUDA = torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("native, expected", [(True, torch.bfloat16), (False, torch.float16)])
+def test_auto_precision_asks_for_native_bf16(monkeypatch, native, expected):
+    """A V100 or T4 answers is_bf16_supported() with True (emulation counts by default)."""
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return native or including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    assert autocast_dtype("auto", CUDA) is expected
+
+
+class FakeCuda:
+    """Per-device CUDA generator states on a machine whose visible devices we choose."""
+
+    def __init__(self, monkeypatch, count: int) -> None:
+        self.states = {i: torch.full((16,), i, dtype=torch.uint8) for i in range(count)}
+        self.count = count
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: self.count)
+        monkeypatch.setattr(torch.cuda, "get_rng_state", self.get)
+        monkeypatch.setattr(torch.cuda, "set_rng_state", self.set)
+        monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: list(self.states.values()))
+
+    def get(self, device="cuda") -> torch.Tensor:
+        return self.states[torch.device(device).index or 0].clone()
+
+    def set(self, state: torch.Tensor, device="cuda") -> None:
+        index = torch.device(device).index or 0
+        if index >= self.count:
+            raise RuntimeError(f"invalid device ordinal {index}")
+        self.states[index] = state.clone()
+
+
+def test_each_rank_saves_and_restores_its_own_cuda_generator(monkeypatch):
+    saved_on_eight = FakeCuda(monkeypatch, count=8)
+    state = rng_state(torch.device("cuda", 3))  # rank 3 of a run on 8 GPUs
+    assert torch.equal(state["cuda"], saved_on_eight.states[3])  # its own device only
+    # Resumed where each process sees one GPU (CUDA_VISIBLE_DEVICES per rank): device 0.
+    resumed_on_one = FakeCuda(monkeypatch, count=1)
+    set_rng_state(state, torch.device("cuda", 0))
+    assert torch.equal(resumed_on_one.states[0], saved_on_eight.states[3])
+
+
+def tiny_trainer(tmp_path, prefix: str, *overrides: str) -> Trainer:
+    config = load_config(
+        "tiny",
+        [f"data.train={prefix}", f"data.dev={prefix}", "train.eval_every=0", *overrides],
+    )
+    run = start_run(config, tmp_path / "run", force=True)
+    return Trainer(config, run, distributed.Dist(), torch.device("cpu"))
+
+
+def test_a_run_without_a_loss_scale_resumes_as_fp16(tmp_path, tiny_prefix):
+    """bf16 and fp32 runs save an empty GradScaler state; an fp16 resume must start a fresh
+    scale from it instead of failing to load it."""
+    first = tiny_trainer(tmp_path, tiny_prefix, "train.max_steps=2", "train.precision=fp32")
+    first.fit()
+    again = Trainer(first.config, first.run, distributed.Dist(), torch.device("cpu"))
+    again.scaler = torch.amp.GradScaler("cpu", enabled=True)  # what fp16 builds on CUDA
+    again.restore(first.run.checkpoints / "last.pt")
+    assert again.scaler.is_enabled() and again.progress.step == 2
+
+
+def test_the_process_group_gets_the_configured_timeout(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(
+        torch.distributed, "init_process_group", lambda backend, timeout: seen.update(t=timeout)
+    )
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    distributed.init("cpu", timeout=5400.0)
+    assert seen["t"].total_seconds() == 5400.0
+    assert load_config("tiny").train.dist_timeout >= 3600  # generous by default
+
+
+class HostSyncs(TorchDispatchMode):
+    """Counts the operations that make the host wait for the device: `.item()` and friends
+    (`_local_scalar_dense`), `nonzero`, boolean-mask indexing, and `.tolist()` (which does not
+    dispatch, so it is counted by wrapping it)."""
+
+    def __init__(self, monkeypatch) -> None:
+        super().__init__()
+        self.count = 0
+        real = torch.Tensor.tolist
+
+        def counted_tolist(tensor):
+            self.count += 1
+            return real(tensor)
+
+        monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in ("_local_scalar_dense", "nonzero", "masked_select") or (
+            name == "index"
+            and any(i is not None and i.dtype == torch.bool for i in args[1] if hasattr(i, "dtype"))
+        ):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_one_host_sync_per_training_update(tmp_path, tiny_prefix, monkeypatch):
+    trainer = tiny_trainer(tmp_path, tiny_prefix, "train.clip_norm=1.0", "train.precision=fp32")
+    batches = trainer.next_batches()  # collated on the host, before the count
+    counter = HostSyncs(monkeypatch)
+    with counter:
+        result = trainer.update(batches)
+    assert "loss" in result
+    assert counter.count == 1
+
+
+def hand_step(vocab: int = 6, eos: int = 1):
+    """A step function that never prefers EOS, so no hypothesis finishes for a while."""
+
+    def step(tokens: torch.Tensor, state):
+        logits = torch.arange(vocab, dtype=torch.float).repeat(tokens.size(0), 1)  # (N, V)
+        logits[:, eos] = -5.0
+        return torch.log_softmax(logits, dim=-1), state
+
+    return step
+
+
+@pytest.mark.parametrize("search", ["beam", "greedy"])
+def test_one_host_sync_per_search_step(monkeypatch, search):
+    per_step: list[int] = []
+    counter = HostSyncs(monkeypatch)
+    step = hand_step()
+
+    def counting_step(tokens, state):
+        per_step.append(counter.count)
+        return step(tokens, state)
+
+    common = dict(batch_size=3, bos_id=2, eos_id=1, max_lens=torch.tensor([6, 6, 6]), min_len=0)
+    with counter:
+        if search == "beam":
+            beam_search(counting_step, None, lambda s, i: s, beam_size=4, **common)
+        else:
+            greedy_search(counting_step, None, lambda s, i: s, **common)
+    between = [b - a for a, b in zip(per_step, per_step[1:])]
+    assert between[1:-1] and set(between[1:-1]) == {1}, between  # steps where nothing ends
+
+
+def test_decoding_on_cuda_autocasts_and_allows_tf32(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        with warnings.catch_warnings():  # "CUDA is not available": the context is not entered
+            warnings.simplefilter("ignore")
+            context = device_module.inference_autocast(CUDA)
+        assert isinstance(context, torch.autocast) and context.fast_dtype == torch.bfloat16
+        assert torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    assert not isinstance(device_module.inference_autocast(torch.device("cpu")), torch.autocast)
+
+
+def test_rank_zero_alone_logs_below_errors(monkeypatch):
+    import logging
+
+    from cli.main import setup_logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers.clear()  # basicConfig configures only a root without handlers
+    try:
+        monkeypatch.setenv("RANK", "1")
+        setup_logging()
+        assert root.level == logging.ERROR
+        assert "[rank 1]" in root.handlers[0].formatter._fmt
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+def test_prefetched_batches_and_resume_states_equal_those_made_in_line(tmp_path, tiny_prefix):
+    from cli.prefetch import Prefetcher, endless
+
+    trainer = tiny_trainer(tmp_path, tiny_prefix)
+    it = trainer.data.train
+    n = len(it) + 3  # into the second epoch
+    start = it.state_dict()
+    inline = [next(s) for s in [endless(it)] for _ in range(n)]
+    it.load_state_dict(start)
+    ahead = Prefetcher(it, depth=2, pin=False)  # pinning needs a GPU
+    threaded = [next(ahead) for _ in range(n)]
+    for a, b in zip(inline, threaded):
+        assert a.state == b.state and a.epochs == b.epochs
+        assert torch.equal(a.batch.src, b.batch.src) and torch.equal(
+            a.batch.tgt_out, b.batch.tgt_out
+        )
+    assert threaded[-1].state["epoch"] == 1
