@@ -19,7 +19,7 @@ import torch
 
 from benchmarks.common import OUT, SHARED, print_table
 from cli.checkpoint import load_for_inference
-from cli.translate import SearchOptions, encode_sources, translate_ids
+from cli.decoding import SearchOptions, encode_sources, translate_ids
 from data.corpus import load_corpus
 
 

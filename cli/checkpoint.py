@@ -1,9 +1,4 @@
-"""The run directory and its checkpoints.
-
-    RUN/config.yaml          the resolved config
-    RUN/tokenizer/           the SentencePiece model(s)
-    RUN/metrics.jsonl        one JSON object per log line / validation
-    RUN/checkpoints/last.pt, best.pt, step_N.pt
+"""Checkpoints: RUN/checkpoints/last.pt, best.pt, step_N.pt (see `cli.run` for the rest).
 
 A checkpoint is a plain dict of tensors and Python values, loadable with
 `torch.load(path, weights_only=True)`: no code is ever unpickled from a file. It is written
@@ -14,9 +9,7 @@ leaves the previous checkpoint whole.
 from __future__ import annotations
 
 import os
-import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +17,7 @@ import torch
 
 from cli.config import Config, ConfigError, from_dict
 from cli.files import atomic_output
+from cli.run import RunDir
 from data.tokenizer import Tokenizer
 from model.transformer import Transformer
 
@@ -32,36 +26,6 @@ FORMAT = "tf-checkpoint-1"
 
 class CheckpointError(Exception):
     """A missing, truncated or foreign checkpoint; `str()` is one line for the user."""
-
-
-@dataclass
-class RunDir:
-    path: Path
-
-    @property
-    def config(self) -> Path:
-        return self.path / "config.yaml"
-
-    @property
-    def tokenizer(self) -> Path:
-        return self.path / "tokenizer"
-
-    @property
-    def metrics(self) -> Path:
-        return self.path / "metrics.jsonl"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
-
-    def step_checkpoints(self) -> list[Path]:
-        """`step_N.pt` files, oldest first."""
-        found = [
-            (int(m.group(1)), p)
-            for p in self.checkpoints.glob("step_*.pt")
-            if (m := re.fullmatch(r"step_(\d+)\.pt", p.name))
-        ]
-        return [p for _, p in sorted(found)]
 
 
 def save_atomic(obj: dict[str, Any], path: Path) -> None:

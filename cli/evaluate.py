@@ -7,32 +7,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sacrebleu.metrics import BLEU, CHRF
-
 from cli.checkpoint import load_for_inference
 from cli.config import with_overrides
+from cli.decoding import SearchOptions, translate_stream
 from cli.device import pick_device
-from cli.translate import (
-    SearchOptions,
-    translate_stream,
-)
+from cli.scoring import score
 from data.errors import InputError
 from data.text import read_file_lines
-
-
-def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
-    """Corpus BLEU and chrF of detokenised hypotheses against one reference each."""
-    bleu, chrf = BLEU(), CHRF()
-    b = bleu.corpus_score(hypotheses, [references])
-    c = chrf.corpus_score(hypotheses, [references])
-    return {
-        "bleu": round(b.score, 2),
-        "chrf": round(c.score, 2),
-        "bleu_signature": str(bleu.get_signature()),
-        "chrf_signature": str(chrf.get_signature()),
-        "bleu_detail": str(b),
-        "sentences": len(hypotheses),
-    }
 
 
 def check_parallel(src: Path, src_lines: list[str], ref: Path, ref_lines: list[str]) -> None:

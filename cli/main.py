@@ -55,7 +55,7 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         from cli.checkpoint import CheckpointError
         from cli.config import ConfigError
-        from cli.train import TrainingError
+        from cli.run import TrainingError
         from data.errors import InputError
 
         try:
@@ -96,17 +96,9 @@ def tokenizer_train(
     set_: SetOption = None,
 ) -> None:
     """Train the SentencePiece tokenizer of a config on its training corpus."""
-    from cli.config import load_config
-    from cli.train import train_tokenizer_for
-    from data.corpus import load_corpus
+    from cli.tokenizer import run_tokenizer_train
 
-    cfg = load_config(config, set_ or [])
-    corpus = load_corpus(cfg.data.train, cfg.data.src_lang, cfg.data.tgt_lang)
-    tok = train_tokenizer_for(cfg, corpus, out)
-    typer.echo(
-        f"{out}: vocab {tok.src_vocab_size}/{tok.tgt_vocab_size}, "
-        f"{'joint' if tok.joint else 'separate'}, trained on {len(corpus)} pairs"
-    )
+    typer.echo(run_tokenizer_train(config, set_ or [], out))
 
 
 @app.command()
@@ -122,9 +114,9 @@ def train(
     ] = False,
 ) -> None:
     """Train a model (training the tokenizer first if the run has none)."""
-    from cli.checkpoint import RunDir
     from cli.config import load_config
-    from cli.train import TrainingError, resume_config, run_train
+    from cli.run import RunDir, TrainingError, resume_config
+    from cli.train import run_train
 
     if resume is not None:
         cfg = resume_config(RunDir(resume), config, set_ or [], allow_config_change)
@@ -169,7 +161,8 @@ def translate(
 ) -> None:
     """Translate raw text line by line (stdin to stdout by default)."""
     from cli.attention import AttentionOptions
-    from cli.translate import decode_overrides, run_translate
+    from cli.decoding import decode_overrides
+    from cli.translate import run_translate
 
     overrides = decode_overrides(beam, greedy, nbest, lenpen, set_ or [])
     pictures = AttentionOptions(attention, attention_layer, attention_head) if attention else None
@@ -195,8 +188,8 @@ def eval_(
     json: Annotated[bool, typer.Option("--json", help="One JSON object for pipelines.")] = False,
 ) -> None:
     """Translate and score with sacrebleu: corpus BLEU and chrF, with signatures."""
+    from cli.decoding import decode_overrides
     from cli.evaluate import run_eval
-    from cli.translate import decode_overrides
 
     if limit < 0:
         raise InputError(f"--limit must be 0 (all) or more, got {limit}")

@@ -99,8 +99,8 @@ def plot_curves(run_dir: Path, out_png: Path) -> Path:
     Returns:
         out_png.
     """
-    from cli.checkpoint import RunDir
     from cli.files import atomic_output, check_output
+    from cli.run import RunDir
 
     check_output(out_png)
     train, dev = read_metrics(RunDir(run_dir).metrics)

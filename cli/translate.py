@@ -1,4 +1,4 @@
-"""`tf translate`: raw text in, detokenised translations out, batched by a token budget.
+"""`tf translate`: raw text in, detokenised translations out (stdin/stdout or files).
 
 Input is read in chunks so that a large file streams with bounded memory; inside a chunk the
 sentences are sorted by length into batches and the output is put back in input order.
@@ -6,213 +6,21 @@ sentences are sorted by length into batches and the output is put back in input 
 
 from __future__ import annotations
 
-import logging
 import sys
-from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
-
 from cli.checkpoint import load_for_inference
-from cli.config import DecodeConfig, with_overrides
-from cli.device import inference_autocast, pick_device
+from cli.config import with_overrides
+from cli.decoding import SearchOptions, format_hypotheses, translate_stream
+from cli.device import pick_device
 from cli.files import atomic_output, check_output
-from data.batching import Batch, batch_by_tokens, collate
 from data.errors import InputError
 from data.text import read_lines
-from data.tokenizer import Tokenizer
-from model.search import Hypothesis, beam_search, greedy_search
-from model.transformer import DecoderCache, Transformer
 
 if TYPE_CHECKING:
     from cli.attention import AttentionOptions
-
-log = logging.getLogger(__name__)
-
-CHUNK_LINES = 4096  # lines held in memory at once while streaming
-
-
-@dataclass
-class SearchOptions:
-    beam_size: int
-    nbest: int = 1
-    use_cache: bool = True  # False decodes the whole prefix again each step (benchmarks, tests)
-
-    @property
-    def greedy(self) -> bool:
-        return self.beam_size == 1 and self.nbest == 1
-
-    @classmethod
-    def of(cls, decode: DecodeConfig) -> SearchOptions:
-        return cls(beam_size=decode.beam_size, nbest=decode.nbest)
-
-
-def decode_overrides(
-    beam: int | None, greedy: bool, nbest: int | None, lenpen: float | None, sets: list[str]
-) -> list[str]:
-    """The `decode.KEY=VALUE` overrides that `--beam`, `--greedy`, `--nbest`, `--lenpen` and
-    `--set` ask for, the short flags first (so `--set` has the last word)."""
-    if beam is not None and beam < 1:
-        raise InputError(f"--beam must be 1 or more, got {beam}")
-    if nbest is not None and nbest < 1:
-        raise InputError(f"--nbest must be 1 or more, got {nbest}")
-    if greedy and beam not in (None, 1):
-        raise InputError(f"--greedy and --beam {beam} contradict each other; give one")
-    width = 1 if greedy else beam
-    if nbest is not None and width is not None and nbest > width:
-        raise InputError(f"--nbest {nbest} needs --beam {nbest} or more")
-    flags = []
-    if greedy or beam is not None:
-        flags.append(f"decode.beam_size={1 if greedy else beam}")
-    if nbest is not None:
-        flags.append(f"decode.nbest={nbest}")
-    if lenpen is not None:
-        flags.append(f"decode.length_penalty={lenpen}")
-    return flags + list(sets)
-
-
-@torch.inference_mode()
-def search_batch(
-    model: Transformer,
-    batch: Batch,
-    decode: DecodeConfig,
-    options: SearchOptions,
-    bos_id: int,
-    eos_id: int,
-) -> list[list[Hypothesis]]:
-    """Translate one padded batch of source ids: `nbest` hypotheses per sentence, best first."""
-    memory = model.encode(batch.src, batch.src_pad_mask)  # (B, S, D)
-    if options.use_cache:
-        cache, decode_step = model.init_cache(memory, batch.src_pad_mask), model.decode_step
-    else:
-        cache = model.init_prefix_state(memory, batch.src_pad_mask)
-        decode_step = model.decode_step_uncached
-    src_lens = (~batch.src_pad_mask).sum(dim=1)  # (B,)
-    limit = model.config.max_positions - 1
-    max_lens = (decode.max_len_a * src_lens + decode.max_len_b).long().clamp(1, limit)
-
-    def step(tokens: torch.Tensor, state: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
-        return F.log_softmax(decode_step(tokens, state).float(), dim=-1), state
-
-    def reorder(state: DecoderCache, index: torch.Tensor) -> DecoderCache:
-        return state.reorder(index)  # PrefixState has the same method
-
-    common = dict(
-        batch_size=batch.src.size(0),
-        bos_id=bos_id,
-        eos_id=eos_id,
-        max_lens=max_lens,
-        min_len=decode.min_len,
-    )
-    if options.greedy:
-        return [[h] for h in greedy_search(step, cache, reorder, **common)]
-    return beam_search(
-        step,
-        cache,
-        reorder,
-        beam_size=options.beam_size,
-        length_penalty=decode.length_penalty,
-        nbest=options.nbest,
-        no_repeat_ngram_size=decode.no_repeat_ngram_size,
-        **common,
-    )
-
-
-def translate_ids(
-    model: Transformer,
-    tokenizer: Tokenizer,
-    src_ids: list[list[int]],
-    decode: DecodeConfig,
-    options: SearchOptions,
-    device: torch.device,
-    max_sentences: int = 1024,
-) -> list[list[Hypothesis]]:
-    """Search for every source (already encoded and truncated), results in input order."""
-    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
-    todo = [i for i, ids in enumerate(src_ids) if ids]  # empty lines stay empty
-    lens = [len(src_ids[i]) for i in todo]
-    for group in batch_by_tokens(lens, [0] * len(lens), decode.max_tokens, max_sentences):
-        rows = [todo[j] for j in group]
-        batch = collate(
-            [src_ids[i] for i in rows],
-            None,
-            tokenizer.pad_id,
-            tokenizer.bos_id,
-            tokenizer.eos_id,
-            rows,
-        ).to(device)
-        with inference_autocast(device):  # CUDA: bf16/fp16 and TF32; CPU: fp32 as trained
-            hyps = search_batch(model, batch, decode, options, tokenizer.bos_id, tokenizer.eos_id)
-        for i, h in zip(rows, hyps):
-            results[i] = h
-    return results
-
-
-def encode_sources(
-    tokenizer: Tokenizer, lines: list[str], max_len: int, source: str, first_line: int
-) -> list[list[int]]:
-    """Encode raw lines; a line longer than the model's limit is cut, with one warning."""
-    ids = tokenizer.encode_src([line.strip() for line in lines])
-    for n, seq in enumerate(ids):
-        if len(seq) > max_len:
-            log.warning(
-                "%s:%d: %d pieces, truncated to the model's limit of %d",
-                source,
-                first_line + n,
-                len(seq),
-                max_len,
-            )
-            ids[n] = seq[:max_len]
-    return ids
-
-
-def chunks(lines: Iterable[str], size: int | None = None) -> Iterator[list[str]]:
-    """Lists of `size` lines (default: CHUNK_LINES, read at call time), the last one shorter."""
-    size = size or CHUNK_LINES
-    chunk: list[str] = []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def translate_stream(
-    model: Transformer,
-    tokenizer: Tokenizer,
-    lines: Iterable[str],
-    decode: DecodeConfig,
-    options: SearchOptions,
-    device: torch.device,
-    source: str = "<stdin>",
-) -> Iterator[tuple[list[int], list[Hypothesis]]]:
-    """Yield (source ids as translated, hypotheses) for each input line, in order, chunk by
-    chunk; the ids are encoded and truncated once, here (`--attention` reuses them)."""
-    max_src = model.config.max_positions
-    first = 1
-    for chunk in chunks(lines):
-        src_ids = encode_sources(tokenizer, chunk, max_src, source, first)
-        yield from zip(src_ids, translate_ids(model, tokenizer, src_ids, decode, options, device))
-        first += len(chunk)
-
-
-def format_hypotheses(
-    tokenizer: Tokenizer, hyps: list[Hypothesis], scores: bool, nbest: int
-) -> list[str]:
-    """Output lines for one input: the best translation, or `nbest` lines (`i ||| text ||| s`)."""
-    texts = tokenizer.decode_tgt([h.tokens for h in hyps])
-    if nbest == 1:
-        return [f"{texts[0]}\t{hyps[0].score:.4f}" if scores else texts[0]]
-    return [
-        f"{k} ||| {t} ||| {h.score:.4f}" if scores else f"{k} ||| {t}"
-        for k, (t, h) in enumerate(zip(texts, hyps))
-    ]
 
 
 def run_translate(

@@ -79,7 +79,7 @@ def test_translate_stdin_to_stdout_keeps_lines_and_order(trained, tiny_prefix):
 
 
 def test_translate_defaults_to_the_runs_beam_and_equals_greedy_at_beam_1(trained):
-    from cli.translate import SearchOptions
+    from cli.decoding import SearchOptions
 
     text = "Y dijo Dios: Sea la luz.\nEn el principio crió Dios los cielos y la tierra.\n"
     default = tf("translate", trained, input=text)  # tiny.yaml: decode.beam_size 2
@@ -302,20 +302,20 @@ def test_gzip_corpus_and_jsonl_train(tmp_path, tiny_prefix):
 
 
 def test_streaming_in_chunks_changes_nothing(trained, tiny_prefix, monkeypatch):
-    import cli.translate as translate
+    import cli.decoding as decoding
 
     lines = Path(f"{tiny_prefix}.es").read_text(encoding="utf-8").splitlines()[:7]
     text = "\n".join(lines) + "\n"
     whole = tf("translate", trained, "--greedy", input=text).stdout
     sizes = []
-    real_translate_ids = translate.translate_ids
+    real_translate_ids = decoding.translate_ids
 
     def counting(model, tokenizer, src_ids, *args, **kwargs):
         sizes.append(len(src_ids))
         return real_translate_ids(model, tokenizer, src_ids, *args, **kwargs)
 
-    monkeypatch.setattr(translate, "translate_ids", counting)
-    monkeypatch.setattr(translate, "CHUNK_LINES", 3)  # 7 lines -> chunks of 3, 3, 1
+    monkeypatch.setattr(decoding, "translate_ids", counting)
+    monkeypatch.setattr(decoding, "CHUNK_LINES", 3)  # 7 lines -> chunks of 3, 3, 1
     assert tf("translate", trained, "--greedy", input=text).stdout == whole
     assert sizes == [3, 3, 1]  # the chunking really happened
 

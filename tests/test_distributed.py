@@ -14,9 +14,10 @@ import torch
 import torch.multiprocessing as mp
 
 from cli import distributed
-from cli.checkpoint import RunDir, load_checkpoint
+from cli.checkpoint import load_checkpoint
 from cli.config import load_config
-from cli.train import Trainer, TrainingError, start_run
+from cli.run import RunDir, TrainingError, start_run
+from cli.trainer import Trainer
 from data.batching import collate
 
 ROOT = Path(__file__).resolve().parent.parent

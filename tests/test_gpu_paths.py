@@ -13,7 +13,8 @@ from cli import device as device_module
 from cli import distributed
 from cli.config import load_config
 from cli.device import autocast_dtype
-from cli.train import Trainer, rng_state, set_rng_state, start_run
+from cli.run import rng_state, set_rng_state, start_run
+from cli.trainer import Trainer
 from model.search import beam_search, greedy_search
 
 CUDA = torch.device("cuda", 0)

@@ -16,7 +16,8 @@ from cli.checkpoint import load_checkpoint
 from cli.config import load_config
 from cli.main import app
 from cli.optim import inverse_sqrt
-from cli.train import Trainer, TrainingError, prepare_tokenizer, resume_config, start_run
+from cli.run import TrainingError, prepare_tokenizer, resume_config, start_run
+from cli.trainer import Trainer
 from data.corpus import load_corpus
 from data.tokenizer import Tokenizer
 

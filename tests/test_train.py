@@ -15,7 +15,9 @@ import torch
 from cli import distributed
 from cli.checkpoint import load_checkpoint
 from cli.config import load_config
-from cli.train import Trainer, TrainingError, resume_config, run_train, start_run
+from cli.run import TrainingError, resume_config, start_run
+from cli.train import run_train
+from cli.trainer import Trainer
 from data.batching import collate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +99,7 @@ def test_non_finite_loss_skips_the_update_then_stops(tmp_path, tiny_prefix, monk
         "train.eval_every=0",
         "train.save_every=2",
     )
-    import cli.train as train_module
+    import cli.trainer as train_module
 
     real = train_module.label_smoothed_cross_entropy
     calls = {"n": 0}

@@ -1,0 +1,22 @@
+"""Corpus scores through sacrebleu: BLEU (13a tokenisation) and chrF, with their signatures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sacrebleu.metrics import BLEU, CHRF
+
+
+def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
+    """Corpus BLEU and chrF of detokenised hypotheses against one reference each."""
+    bleu, chrf = BLEU(), CHRF()
+    b = bleu.corpus_score(hypotheses, [references])
+    c = chrf.corpus_score(hypotheses, [references])
+    return {
+        "bleu": round(b.score, 2),
+        "chrf": round(c.score, 2),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+        "bleu_detail": str(b),
+        "sentences": len(hypotheses),
+    }

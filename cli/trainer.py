@@ -1,0 +1,555 @@
+"""The training loop (paper section 5): label-smoothed cross-entropy, Adam with warmup, updates
+of `update_freq` batches, validation, checkpoints, and the conditions that stop it.
+
+One update = `update_freq` batches whose gradients are summed, the loss normalised by the real
+target tokens of all of them (on all ranks), so accumulating k half-batches equals one update
+on the whole batch. Everything that decides what happens next (weights, optimiser, schedule,
+batch iterator position, every RNG) is in the checkpoint: a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+
+from cli import distributed
+from cli.checkpoint import FORMAT, build_model, load_checkpoint, save_copies
+from cli.config import Config
+from cli.decoding import SearchOptions, translate_ids
+from cli.device import autocast_dtype, configure_device
+from cli.optim import apply_settings, build_optimizer
+from cli.prefetch import training_batches
+from cli.run import (
+    RunDir,
+    TrainingError,
+    append_metrics,
+    prepare_tokenizer,
+    rng_state,
+    set_rng_state,
+    truncate_metrics,
+)
+from cli.scoring import score
+from data.batching import Batch, BatchIterator
+from data.corpus import encode_corpus, filter_pairs, load_corpus, token_ids
+from data.tokenizer import Tokenizer
+from model.loss import label_smoothed_cross_entropy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Data:
+    train: BatchIterator
+    dev_batches: list[Batch]
+    dev_src_ids: list[list[int]]  # the subset decoded for BLEU
+    dev_refs: list[str]
+    counts: dict[str, int]
+
+
+def prepare_data(config: Config, tokenizer: Tokenizer, train_corpus, dd: distributed.Dist) -> Data:
+    """Encode (cached by `datasets`) and filter the corpora; batch them by the token budget."""
+    d, t = config.data, config.train
+    encoded, counts = filter_pairs(
+        encode_corpus(train_corpus, tokenizer),
+        max_len=d.max_len,
+        max_len_ratio=d.max_len_ratio,
+        name=d.train,
+    )
+    special = dict(pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    train = BatchIterator(
+        token_ids(encoded, "src_ids"),
+        token_ids(encoded, "tgt_ids"),
+        max_tokens=t.max_tokens,
+        max_sentences=t.max_sentences,
+        seed=t.seed,
+        rank=dd.rank,
+        world_size=dd.world_size,
+        **special,
+    )
+    # Dev loss over the pairs the model can take; BLEU on the raw first sentences, as `tf eval`.
+    limit = config.model.max_positions
+    dev = load_corpus(d.dev, d.src_lang, d.tgt_lang)
+    dev_encoded = encode_corpus(dev, tokenizer)
+    dev_fit, _ = filter_pairs(dev_encoded, max_len=limit - 1, name=d.dev)
+    dev_batches = BatchIterator(
+        token_ids(dev_fit, "src_ids"),
+        token_ids(dev_fit, "tgt_ids"),
+        max_tokens=t.max_tokens,
+        max_sentences=t.max_sentences,
+        shuffle=False,
+        **special,
+    )
+    n = min(t.eval_bleu_sentences or len(dev), len(dev))
+    src_ids = [ids[:limit] for ids in dev_encoded.select(range(n))["src_ids"]]
+    return Data(train, list(dev_batches), src_ids, list(dev.select(range(n))["tgt"]), counts)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Progress:
+    """Counters that a checkpoint carries besides weights and optimiser."""
+
+    step: int = 0
+    elapsed: float = 0.0  # seconds of training wall time over all sessions of this run
+    bad_steps: int = 0  # non-finite losses in a row
+    best: float | None = None  # best validation metric so far
+    evals_since_best: int = 0
+
+
+class Trainer:
+    """Holds the model, optimiser, data and run directory of one training session."""
+
+    def __init__(
+        self,
+        config: Config,
+        run: RunDir,
+        dd: distributed.Dist,
+        device: torch.device,
+        resume: bool = False,
+    ) -> None:
+        self.config = config
+        self.run = run
+        self.dist, self.device = dd, device
+        t = config.train
+        configure_device(device)
+        if t.deterministic:
+            torch.use_deterministic_algorithms(True)
+        seed_everything(t.seed)
+        with distributed.main_first(dd):  # one rank trains the tokenizer and fills the caches
+            d = config.data
+            train_corpus = load_corpus(d.train, d.src_lang, d.tgt_lang)
+            self.tokenizer = prepare_tokenizer(config, run, train_corpus, resume)
+            self.data = prepare_data(config, self.tokenizer, train_corpus, dd)
+        self.model = build_model(config, self.tokenizer).to(self.device)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model.parameters(), t, config.model.d_model, self.device
+        )
+        self.dtype = autocast_dtype(t.precision, self.device)
+        self.scaler = torch.amp.GradScaler(enabled=self.dtype == torch.float16)
+        self.progress = Progress()
+        if resume:
+            self.restore(run.checkpoints / "last.pt")
+        else:
+            self.start_batches()
+        # Dropout differs between ranks; the initial weights do not (DDP broadcasts rank 0's).
+        if not resume:
+            torch.manual_seed(t.seed + self.dist.rank)
+        self.net: torch.nn.Module = self.model
+        if self.dist.active:
+            # The only buffers are the constant positional tables: nothing to broadcast each step.
+            # Gradients as views of DDP's buckets save a gradient-sized copy.
+            self.net = DistributedDataParallel(
+                self.model, broadcast_buffers=False, gradient_as_bucket_view=True
+            )
+        if t.compile:
+            self.net = torch.compile(self.net)
+        self.stop_requested = False
+
+    # -- checkpoints
+
+    def state(self) -> dict[str, Any]:
+        p = self.progress
+        return {
+            "format": FORMAT,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "step": p.step,
+            "epoch": round(self.epochs_done(), 3),
+            # Per rank, in rank order: where its share of the batches stands, and its RNGs.
+            "ranks": distributed.gather_to_main(
+                self.dist, {"iterator": self.iterator_state, "rng": rng_state(self.device)}
+            ),
+            "progress": asdict(p),
+            "config": self.config.to_dict(),
+            "tokenizer_digest": self.tokenizer.digest(),
+            "world_size": self.dist.world_size,
+        }
+
+    def save(self, names: list[str]) -> None:
+        """Write the state under each name in checkpoints/ (only the main rank writes), in order:
+        last.pt comes first, so a step_N.pt on disk means last.pt is at least as new."""
+        # Every rank checks (DDP keeps the weights equal) and all stop together if one must.
+        finite = all(
+            torch.isfinite(v).all()
+            for v in self.model.state_dict().values()
+            if v.is_floating_point()
+        )
+        if distributed.any_rank(self.dist, not finite, self.device):
+            raise TrainingError("the weights hold NaN or inf; no checkpoint was written")
+        state = self.state()  # every rank takes part: the per-rank states are gathered
+        if not self.dist.main:
+            return
+        save_copies(state, [self.run.checkpoints / name for name in names])
+        self.prune_step_checkpoints()
+
+    def prune_step_checkpoints(self) -> None:
+        steps = self.run.step_checkpoints()
+        for old in steps[: max(0, len(steps) - self.config.train.keep_last)]:
+            old.unlink(missing_ok=True)
+
+    def restore(self, path: Path) -> None:
+        """Continue from the checkpoint at `path`, with this session's config."""
+        # Loaded to the CPU: the RNG states must stay CPU byte tensors (a CUDA map_location makes
+        # torch.set_rng_state refuse them); weights and optimiser state are copied to the
+        # parameters' device by load_state_dict.
+        ckpt = load_checkpoint(path, map_location="cpu")
+        if ckpt.get("world_size", 1) != self.dist.world_size:
+            raise TrainingError(
+                f"{path}: written by {ckpt.get('world_size')} processes; resume "
+                f"with the same number (now {self.dist.world_size})"
+            )
+        if ckpt.get("tokenizer_digest") != self.tokenizer.digest():
+            raise TrainingError(
+                f"{path}: was trained with another tokenizer than {self.run.tokenizer}"
+            )
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        apply_settings(self.optimizer, self.scheduler, self.config.train, self.config.model.d_model)
+        if self.scaler.is_enabled() and ckpt["scaler"]:  # empty when the run was not fp16
+            self.scaler.load_state_dict(ckpt["scaler"])
+        mine = ckpt["ranks"][self.dist.rank]
+        try:
+            self.data.train.load_state_dict(mine["iterator"])
+        except ValueError as e:
+            raise TrainingError(f"{path}: cannot continue its batches: {e}") from None
+        set_rng_state(mine["rng"], self.device)
+        self.start_batches()
+        self.progress = Progress(**ckpt["progress"])
+        if self.dist.main:
+            truncate_metrics(self.run.metrics, ckpt["step"])
+        log.info("resumed from %s at step %d", path, ckpt["step"])
+
+    # -- one update
+
+    def loss_of(self, batch: Batch, net: torch.nn.Module | None = None) -> tuple[Tensor, Tensor]:
+        """Summed smoothed loss and NLL of a batch, computed by `net` (default: the training
+        wrapper, DDP's when distributed); logits only at the real target positions."""
+        net = net or self.net
+        ctx = torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else nullcontext()
+        with ctx:
+            # (N, V) for the N real target tokens: DDP needs the whole model under forward().
+            logits = net(
+                batch.src, batch.tgt_in, batch.src_pad_mask, batch.tgt_pad_mask, batch.tgt_index
+            )
+        return label_smoothed_cross_entropy(
+            logits, batch.real_targets(), self.config.train.label_smoothing
+        )
+
+    def start_batches(self) -> None:
+        """Stream the training batches from where the iterator stands now."""
+        it = self.data.train
+        # Where the batches consumed so far leave the iterator (a prefetching thread runs ahead).
+        self.iterator_state = it.state_dict()
+        self.epochs = it.epoch + it.position / len(it)
+        self.batch_stream = training_batches(it, prefetch=self.device.type == "cuda")
+
+    def next_batches(self) -> list[Batch]:
+        """The `update_freq` batches of the next update, crossing into the next epoch as needed,
+        on the device (asynchronously from pinned memory on a GPU)."""
+        batches = []
+        for _ in range(self.config.train.update_freq):
+            fetched = next(self.batch_stream)
+            self.iterator_state, self.epochs = fetched.state, fetched.epochs
+            batches.append(fetched.batch.to(self.device, non_blocking=True))
+        return batches
+
+    def update(self, batches: list[Batch], stop: bool = False) -> dict[str, Any]:
+        """One optimiser update over `batches` (gradients summed).
+
+        The loss is the mean over the real target tokens of all the batches on all ranks. The
+        token count, the losses, the gradient norm and `stop` (this rank wants to stop) travel
+        in one collective and reach the host together: one wait for the device per update.
+
+        Returns:
+            {"loss", "nll", "tokens", "stop"}: "stop" is true if any rank wanted to stop. If
+            the loss or the gradient is not finite, nothing changes but a lower fp16 loss scale,
+            and the result is {"skipped", "stop"}, "skipped" being "overflow" (fp16 gradients
+            past the loss scale: routine, GradScaler's own remedy) or "non-finite".
+        """
+        t = self.config.train
+        # Backward runs on loss / (a constant, the same on every rank), which keeps fp16
+        # gradients in range; the exact per-token mean is applied below, once the token count
+        # of all ranks is known.
+        divisor = t.max_tokens * t.update_freq
+        sums = torch.zeros(2, device=self.device)  # smoothed loss, NLL: summed on the device
+        self.net.train()
+        for i, batch in enumerate(batches):
+            sync = i == len(batches) - 1  # all-reduce only on the last micro-batch
+            with nullcontext() if sync or not self.dist.active else self.net.no_sync():
+                loss, nll = self.loss_of(batch)
+                self.scaler.scale(loss / divisor).backward()
+            sums += torch.stack([loss.detach(), nll.detach()])
+        counts = [sum(b.n_tgt_tokens for b in batches), float(stop)]
+        stats = distributed.sum_with_counts(self.dist, sums, counts)  # (4,) on the device
+        self.scaler.unscale_(self.optimizer)  # fp16 only; records inf gradients for update()
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads)  # the same on every rank after DDP
+        loss_sum, nll_sum, tokens, stops, raw_norm = torch.cat(
+            [stats, grad_norm[None].to(stats)]
+        ).tolist()
+        # DDP averaged the ranks' gradients of loss / divisor: this makes them the gradient of
+        # the summed loss over the summed tokens.
+        scale = self.dist.world_size * divisor / tokens
+        grad_norm = raw_norm * scale
+        if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
+            # A NaN gradient with a finite loss would turn every weight into NaN through
+            # clipping or Adam: skipped like a NaN loss.
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.update()  # fp16: a lower loss scale next time
+            overflow = self.scaler.is_enabled() and math.isfinite(loss_sum)
+            return {"skipped": "overflow" if overflow else "non-finite", "stop": stops > 0}
+        if t.clip_norm > 0:  # as clip_grad_norm_, folded into the one pass over the gradients
+            scale *= min(1.0, t.clip_norm / (grad_norm + 1e-6))
+        torch._foreach_mul_(grads, scale)
+        self.optimizer.step()  # gradients checked above, so GradScaler.step's check is not needed
+        self.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {
+            "loss": loss_sum / tokens,
+            "nll": nll_sum / tokens,
+            "tokens": int(tokens),
+            "stop": stops > 0,
+        }
+
+    # -- validation
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Dev loss/perplexity over the whole dev set, BLEU/chrF of greedy decoding of a subset."""
+        self.model.eval()
+        sums = torch.zeros(2, device=self.device)  # smoothed loss, NLL
+        tokens = 0
+        for batch in self.data.dev_batches:
+            batch = batch.to(self.device)
+            sums += torch.stack(self.loss_of(batch, self.model))
+            tokens += batch.n_tgt_tokens
+        loss, nll = sums.tolist()
+        hyps = translate_ids(
+            self.model,
+            self.tokenizer,
+            self.data.dev_src_ids,
+            self.config.decode,
+            SearchOptions(beam_size=1),
+            self.device,
+        )
+        texts = self.tokenizer.decode_tgt([h[0].tokens for h in hyps])
+        scores = score(texts, self.data.dev_refs)
+        self.model.train()
+        return {
+            "dev_loss": loss / tokens,
+            "dev_nll": nll / tokens,
+            "dev_ppl": math.exp(min(nll / tokens, 50)),
+            "dev_bleu": scores["bleu"],
+            "dev_chrf": scores["chrf"],
+        }
+
+    # -- the loop
+
+    def epochs_done(self) -> float:
+        """Training epochs completed, with the fraction of the current one."""
+        return self.epochs
+
+    def budget_spent(self) -> str | None:
+        """max_steps or max_epochs reached: the same answer on every rank at the same step."""
+        t, p = self.config.train, self.progress
+        if t.max_steps and p.step >= t.max_steps:
+            return "max_steps"
+        if t.max_epochs and self.epochs_done() >= t.max_epochs:
+            return "max_epochs"
+        return None
+
+    def stop_wanted(self) -> str | None:
+        """A reason this rank alone may see (a signal, its clock, the main rank's validation):
+        under DDP it travels to the others with the next update's collective."""
+        t, p = self.config.train, self.progress
+        if self.stop_requested:
+            return "signal"
+        if t.max_time and p.elapsed >= t.max_time:
+            return "max_time"
+        if t.patience and p.evals_since_best >= t.patience:
+            return "early_stop"
+        return None
+
+    def record_validation(self, metrics: dict[str, float]) -> bool:
+        """Update best/patience from a validation; True if it is the best so far."""
+        t, p = self.config.train, self.progress
+        value = metrics[
+            "dev_loss" if t.early_stop_metric == "loss" else f"dev_{t.early_stop_metric}"
+        ]
+        sign = -1.0 if t.early_stop_metric == "loss" else 1.0  # higher is better after the sign
+        if p.best is None or sign * value > sign * p.best:
+            p.best, p.evals_since_best = value, 0
+            return True
+        p.evals_since_best += 1
+        return False
+
+    def fit(self) -> str:
+        """Train until a stopping condition; returns why it stopped."""
+        t, p = self.config.train, self.progress
+        bar = self.progress_bar()
+        window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "updates": 0, "time": 0.0}
+        # Wall time, validation and checkpoints included, summed over resumed sessions.
+        session_start, earlier = time.perf_counter(), p.elapsed
+        while not (reason := self.budget_spent()):
+            wanted = self.stop_wanted()
+            if wanted and not self.dist.active:
+                reason = wanted
+                break
+            start = time.perf_counter()
+            result = self.update(self.next_batches(), stop=wanted is not None)
+            took = time.perf_counter() - start
+            p.elapsed = earlier + time.perf_counter() - session_start
+            if "skipped" in result:
+                self.count_skipped(result["skipped"])
+            else:
+                self.record_update(result, took, window, bar)
+            if result["stop"]:  # this rank or another wanted to stop: all stop after this update
+                reason = wanted or "another rank stopped"
+                break
+        if window["updates"]:
+            self.log_window(window)
+        if reason != "signal" and (not t.eval_every or p.step % t.eval_every):
+            self.evaluate_and_save()
+        else:
+            self.save(["last.pt"])
+        if bar is not None:
+            bar.close()
+        return reason
+
+    def count_skipped(self, why: str) -> None:
+        """Log an update that was skipped; stop after `max_bad_steps` non-finite ones in a row."""
+        p = self.progress
+        if why == "overflow":
+            log.debug("step %d: fp16 gradient overflow, loss scale lowered", p.step + 1)
+            return
+        p.bad_steps += 1
+        log.warning(
+            "step %d: non-finite loss or gradient, update skipped (%d in a row)",
+            p.step + 1,
+            p.bad_steps,
+        )
+        if p.bad_steps >= self.config.train.max_bad_steps:
+            raise TrainingError(
+                f"{p.bad_steps} non-finite losses in a row at step "
+                f"{p.step + 1}; lower train.lr or use train.precision=fp32 "
+                f"(last good checkpoint: {self.run.checkpoints / 'last.pt'})"
+            )
+
+    def record_update(self, result: dict[str, Any], took: float, window: dict, bar) -> None:
+        """Count an update: the progress bar, the metrics window, validation and checkpoints."""
+        t, p = self.config.train, self.progress
+        p.bad_steps = 0
+        p.step += 1
+        for k in ("loss", "nll", "tokens"):
+            window[k] += result[k] * (result["tokens"] if k != "tokens" else 1)
+        window["updates"] += 1
+        window["time"] += took
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(
+                loss=f"{result['loss']:.3f}",
+                lr=f"{self.lr():.2e}",
+                tok_s=f"{result['tokens'] / took:.0f}",
+                refresh=False,
+            )
+        if p.step % t.log_every == 0:
+            record = self.log_window(window)
+            if self.dist.main and (bar is None or bar.disable):  # no terminal: a log line
+                log.info(
+                    "step %d: loss %.3f  nll %.3f  lr %.2e  %.0f tokens/s",
+                    p.step,
+                    record["loss"],
+                    record["nll"],
+                    record["lr"],
+                    record["tokens_per_s"],
+                )
+        if t.eval_every and p.step % t.eval_every == 0:
+            self.evaluate_and_save()
+        elif t.save_every and p.step % t.save_every == 0:
+            self.save(["last.pt", f"step_{p.step}.pt"])
+
+    def evaluate_and_save(self) -> None:
+        """Validate on the main rank, log it, save last.pt (and best.pt, step_N.pt)."""
+        p, t = self.progress, self.config.train
+        best = False
+        if self.dist.main:  # the others wait in the next collective; early stopping reaches
+            metrics = self.validate()  # them with the stop flag of the next update
+            best = self.record_validation(metrics)
+            record = {"step": p.step, "epoch": round(self.epochs_done(), 3), **metrics}
+            append_metrics(self.run, {**record, "best": p.best, "wall": round(p.elapsed, 1)})
+            log.info("step %d: %s", p.step, "  ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
+        names = ["last.pt"] + (["best.pt"] if best else [])
+        if t.save_every and p.step % t.save_every == 0:
+            names.append(f"step_{p.step}.pt")
+        self.save(names)
+
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def log_window(self, window: dict[str, float]) -> dict[str, Any]:
+        """Write the averages of the updates since the last log line, reset the window."""
+        p = self.progress
+        tokens = window["tokens"]
+        record = {
+            "step": p.step,
+            "epoch": round(self.epochs_done(), 3),
+            "loss": window["loss"] / tokens,
+            "nll": window["nll"] / tokens,
+            "ppl": math.exp(min(window["nll"] / tokens, 50)),
+            "lr": self.lr(),
+            "tokens_per_s": tokens / window["time"],
+            "wall": round(p.elapsed, 1),
+        }
+        if self.dist.main:
+            append_metrics(self.run, record)
+        for k in window:
+            window[k] = 0 if k == "updates" else 0.0
+        return record
+
+    def progress_bar(self):
+        if not self.dist.main:
+            return None
+        from tqdm import tqdm
+
+        t = self.config.train
+        return tqdm(
+            total=t.max_steps or None,
+            initial=self.progress.step,
+            unit="step",
+            desc="train",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            disable=None,
+        )  # None: off when stderr is no terminal
+
+    def handle_signals(self) -> None:
+        """SIGINT/SIGTERM finish the current update, save last.pt and exit cleanly."""
+
+        def request_stop(signum, frame):
+            if self.stop_requested:  # a second signal: stop now
+                raise KeyboardInterrupt
+            log.warning("%s: saving a checkpoint, then stopping", signal.Signals(signum).name)
+            self.stop_requested = True
+
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, request_stop)
