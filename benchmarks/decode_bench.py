@@ -13,13 +13,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from benchmarks.common import OUT, SHARED, print_table
+from benchmarks.uncached import uncached_start
 from cli.checkpoint import load_for_inference
-from cli.decoding import SearchOptions, encode_sources, translate_ids
+from cli.decoding import cached_start, encode_sources, translate_ids
 from data.corpus import load_corpus
 
 
@@ -31,13 +33,17 @@ def source_sentences(n: int) -> list[str]:
     return lines[:n]
 
 
-def timed(model, tokenizer, config, src_ids, options, repeats: int) -> tuple[float, int]:
-    """Median seconds of translating `src_ids`, and the target tokens produced (EOS counted)."""
+def timed(
+    model, tokenizer, config, src_ids, beam: int, repeats: int, start=cached_start
+) -> tuple[float, int]:
+    """Median seconds of translating `src_ids` with beam `beam` (1: greedy), and the target
+    tokens produced (EOS counted)."""
+    decode = replace(config.decode, beam_size=beam, nbest=1)
     times, tokens = [], 0
     for _ in range(repeats):
         device = model_device(model)
         start = time.perf_counter()
-        hyps = translate_ids(model, tokenizer, src_ids, config.decode, options, device)
+        hyps = translate_ids(model, tokenizer, src_ids, decode, device, start=start)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
@@ -62,18 +68,16 @@ def run(
     results: dict[str, float] = {"sentences": len(lines), "threads": torch.get_num_threads()}
     # Warm-up: CUDA context and kernels, the allocator, autocast caches; not timed.
     for beam in (1, 5):
-        timed(model, tokenizer, config, src_ids[:16], SearchOptions(beam), 1)
+        timed(model, tokenizer, config, src_ids[:16], beam, 1)
     for name, beam in (("greedy", 1), ("beam5", 5)):
-        seconds, tokens = timed(model, tokenizer, config, src_ids, SearchOptions(beam), repeats)
+        seconds, tokens = timed(model, tokenizer, config, src_ids, beam, repeats)
         results[f"{name}_sentences_per_s"] = len(src_ids) / seconds
         results[f"{name}_tokens_per_s"] = tokens / seconds
         # The same subset with and without the cache, one after the other.
         subset = src_ids[:uncached_sentences]
-        cached_s, cached_tokens = timed(
-            model, tokenizer, config, subset, SearchOptions(beam), repeats
-        )
+        cached_s, cached_tokens = timed(model, tokenizer, config, subset, beam, repeats)
         uncached_s, uncached_tokens = timed(
-            model, tokenizer, config, subset, SearchOptions(beam, use_cache=False), repeats
+            model, tokenizer, config, subset, beam, repeats, start=uncached_start
         )
         assert cached_tokens == uncached_tokens, "cached and uncached search disagree"
         results[f"{name}_uncached_tokens_per_s"] = uncached_tokens / uncached_s

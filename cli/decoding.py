@@ -7,11 +7,12 @@ Used by `tf translate`, `tf eval`, validation inside training and the benchmarks
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from cli.config import DecodeConfig
 from cli.device import inference_autocast
@@ -26,19 +27,19 @@ log = logging.getLogger(__name__)
 CHUNK_LINES = 4096  # lines held in memory at once while streaming
 
 
-@dataclass
-class SearchOptions:
-    beam_size: int
-    nbest: int = 1
-    use_cache: bool = True  # False decodes the whole prefix again each step (benchmarks, tests)
+# How the decoder starts on a batch: (model, memory (B, S, D), src_pad_mask (B, S)) -> the
+# initial state and the step (tokens (N,), state) -> logits (N, V). The default is the KV cache.
+Start = Callable[[Transformer, Tensor, Tensor], tuple[Any, Callable[[Tensor, Any], Tensor]]]
 
-    @property
-    def greedy(self) -> bool:
-        return self.beam_size == 1 and self.nbest == 1
 
-    @classmethod
-    def of(cls, decode: DecodeConfig) -> SearchOptions:
-        return cls(beam_size=decode.beam_size, nbest=decode.nbest)
+def cached_start(model: Transformer, memory: Tensor, src_pad_mask: Tensor):
+    """The model's incremental decoding: O(t) work at step t, cross-attention K/V made once."""
+    return model.init_cache(memory, src_pad_mask), model.decode_step
+
+
+def is_greedy(decode: DecodeConfig) -> bool:
+    """Beam 1 with one hypothesis is greedy search exactly (without its bookkeeping)."""
+    return decode.beam_size == 1 and decode.nbest == 1
 
 
 def decode_overrides(
@@ -70,26 +71,23 @@ def search_batch(
     model: Transformer,
     batch: Batch,
     decode: DecodeConfig,
-    options: SearchOptions,
     bos_id: int,
     eos_id: int,
+    start: Start = cached_start,
 ) -> list[list[Hypothesis]]:
-    """Translate one padded batch of source ids: `nbest` hypotheses per sentence, best first."""
+    """Translate one padded batch of source ids: `decode.nbest` hypotheses per sentence, best
+    first, with `decode`'s search settings."""
     memory = model.encode(batch.src, batch.src_pad_mask)  # (B, S, D)
-    if options.use_cache:
-        cache, decode_step = model.init_cache(memory, batch.src_pad_mask), model.decode_step
-    else:
-        cache = model.init_prefix_state(memory, batch.src_pad_mask)
-        decode_step = model.decode_step_uncached
+    cache, decode_step = start(model, memory, batch.src_pad_mask)
     src_lens = (~batch.src_pad_mask).sum(dim=1)  # (B,)
     limit = model.config.max_positions - 1
     max_lens = (decode.max_len_a * src_lens + decode.max_len_b).long().clamp(1, limit)
 
-    def step(tokens: torch.Tensor, state: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
+    def step(tokens: Tensor, state: DecoderCache) -> tuple[Tensor, DecoderCache]:
         return F.log_softmax(decode_step(tokens, state).float(), dim=-1), state
 
-    def reorder(state: DecoderCache, index: torch.Tensor) -> DecoderCache:
-        return state.reorder(index)  # PrefixState has the same method
+    def reorder(state: DecoderCache, index: Tensor) -> DecoderCache:
+        return state.reorder(index)
 
     common = dict(
         batch_size=batch.src.size(0),
@@ -98,15 +96,15 @@ def search_batch(
         max_lens=max_lens,
         min_len=decode.min_len,
     )
-    if options.greedy:
+    if is_greedy(decode):
         return [[h] for h in greedy_search(step, cache, reorder, **common)]
     return beam_search(
         step,
         cache,
         reorder,
-        beam_size=options.beam_size,
+        beam_size=decode.beam_size,
         length_penalty=decode.length_penalty,
-        nbest=options.nbest,
+        nbest=decode.nbest,
         no_repeat_ngram_size=decode.no_repeat_ngram_size,
         **common,
     )
@@ -117,9 +115,9 @@ def translate_ids(
     tokenizer: Tokenizer,
     src_ids: list[list[int]],
     decode: DecodeConfig,
-    options: SearchOptions,
     device: torch.device,
     max_sentences: int = 1024,
+    start: Start = cached_start,
 ) -> list[list[Hypothesis]]:
     """Search for every source (already encoded and truncated), results in input order."""
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
@@ -136,7 +134,7 @@ def translate_ids(
             rows,
         ).to(device)
         with inference_autocast(device):  # CUDA: bf16/fp16 and TF32; CPU: fp32 as trained
-            hyps = search_batch(model, batch, decode, options, tokenizer.bos_id, tokenizer.eos_id)
+            hyps = search_batch(model, batch, decode, tokenizer.bos_id, tokenizer.eos_id, start)
         for i, h in zip(rows, hyps):
             results[i] = h
     return results
@@ -178,7 +176,6 @@ def translate_stream(
     tokenizer: Tokenizer,
     lines: Iterable[str],
     decode: DecodeConfig,
-    options: SearchOptions,
     device: torch.device,
     source: str = "<stdin>",
 ) -> Iterator[tuple[list[int], list[Hypothesis]]]:
@@ -188,7 +185,7 @@ def translate_stream(
     first = 1
     for chunk in chunks(lines):
         src_ids = encode_sources(tokenizer, chunk, max_src, source, first)
-        yield from zip(src_ids, translate_ids(model, tokenizer, src_ids, decode, options, device))
+        yield from zip(src_ids, translate_ids(model, tokenizer, src_ids, decode, device))
         first += len(chunk)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from cli.checkpoint import load_for_inference
 from cli.config import with_overrides
-from cli.decoding import SearchOptions, translate_stream
+from cli.decoding import translate_stream
 from cli.device import pick_device
 from cli.scoring import score
 from data.errors import InputError
@@ -48,12 +48,11 @@ def run_eval(
         device = pick_device(device_name)
         model, tokenizer, config = load_for_inference(run, device)
         config = with_overrides(config, overrides)
-        options = SearchOptions.of(config.decode)
         if limit:
             srcs, refs = srcs[:limit], refs[:limit]
-        out = translate_stream(model, tokenizer, srcs, config.decode, options, device, str(src))
+        out = translate_stream(model, tokenizer, srcs, config.decode, device, str(src))
         hyps = tokenizer.decode_tgt([h[0].tokens for _, h in out])
-        settings = {"beam_size": options.beam_size, **asdict(config.decode)}
+        settings = asdict(config.decode)
         settings.pop("nbest")
     result = score(hyps, refs)
     if settings:

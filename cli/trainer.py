@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from cli import distributed
 from cli.checkpoint import FORMAT, build_model, load_checkpoint, save_copies
 from cli.config import Config
-from cli.decoding import SearchOptions, translate_ids
+from cli.decoding import translate_ids
 from cli.device import autocast_dtype, configure_device
 from cli.optim import apply_settings, build_optimizer
 from cli.prefetch import training_batches
@@ -348,8 +348,7 @@ class Trainer:
             self.model,
             self.tokenizer,
             self.data.dev_src_ids,
-            self.config.decode,
-            SearchOptions(beam_size=1),
+            replace(self.config.decode, beam_size=1, nbest=1),  # greedy
             self.device,
         )
         texts = self.tokenizer.decode_tgt([h[0].tokens for h in hyps])

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from cli.checkpoint import load_for_inference
 from cli.config import with_overrides
-from cli.decoding import SearchOptions, format_hypotheses, translate_stream
+from cli.decoding import format_hypotheses, translate_stream
 from cli.device import pick_device
 from cli.files import atomic_output, check_output
 from data.errors import InputError
@@ -47,13 +47,12 @@ def run_translate(
     device = pick_device(device_name)
     model, tokenizer, config = load_for_inference(run, device)
     config = with_overrides(config, overrides)
-    options = SearchOptions.of(config.decode)
     if attention is not None:
         prepare_attention(attention, config.model)
     source = str(input_path) if input_path else "<stdin>"
     raw = open(input_path, "rb") if input_path else sys.stdin.buffer  # noqa: SIM115
     results = translate_stream(
-        model, tokenizer, read_lines(raw, source), config.decode, options, device, source
+        model, tokenizer, read_lines(raw, source), config.decode, device, source
     )
     if input_path and progress:
         results = tqdm(
@@ -68,7 +67,7 @@ def run_translate(
     with atomic_output(output_path) if output_path else nullcontext(sys.stdout) as out:
         try:
             for n, (src_ids, hyps) in enumerate(results, start=1):
-                lines = format_hypotheses(tokenizer, hyps, scores, options.nbest)
+                lines = format_hypotheses(tokenizer, hyps, scores, config.decode.nbest)
                 out.write("\n".join(lines) + "\n")
                 if attention is not None:
                     write_attention(model, tokenizer, attention, n, src_ids, hyps[0].tokens)

@@ -5,7 +5,6 @@ from model.search import Hypothesis, beam_search, gnmt_length_penalty, greedy_se
 from model.transformer import (
     DecoderCache,
     ModelConfig,
-    PrefixState,
     Transformer,
     count_parameters,
 )
@@ -14,7 +13,6 @@ __all__ = [
     "DecoderCache",
     "Hypothesis",
     "ModelConfig",
-    "PrefixState",
     "Transformer",
     "beam_search",
     "count_parameters",

@@ -285,23 +285,6 @@ class DecoderCache:
         )
 
 
-@dataclass
-class PrefixState:
-    """What `Transformer.decode_step_uncached` keeps: the whole prefix, decoded again each step."""
-
-    memory: Tensor  # (N, S, D)
-    src_pad_mask: Tensor  # (N, S) True = padding
-    tokens: Tensor  # (N, t) tokens fed so far
-
-    def reorder(self, index: Tensor) -> PrefixState:
-        """Row i of the result is row index[i] of this state; index (N',) long."""
-        return PrefixState(
-            memory=self.memory.index_select(0, index),
-            src_pad_mask=self.src_pad_mask.index_select(0, index),
-            tokens=self.tokens.index_select(0, index),
-        )
-
-
 class Transformer(nn.Module):
     """Encoder-decoder Transformer with a generator (the output projection).
 
@@ -457,17 +440,3 @@ class Transformer(nn.Module):
         x = self.decoder(x, cache.cross_attn, cache.src_keep, caches=cache.self_attn)
         cache.step += 1
         return self.project(x[:, 0])  # (N, V)
-
-    def init_prefix_state(self, memory: Tensor, src_pad_mask: Tensor) -> PrefixState:
-        """The state for `decode_step_uncached`; shapes as `init_cache`."""
-        tokens = src_pad_mask.new_zeros(memory.size(0), 0, dtype=torch.long)  # (N, 0)
-        return PrefixState(memory, src_pad_mask, tokens)
-
-    def decode_step_uncached(self, tokens: Tensor, state: PrefixState) -> Tensor:
-        """`decode_step` without a cache: decodes the whole prefix again (O(t^2)), for tests.
-
-        Shape: tokens (N,) long -> logits (N, V).
-        """
-        state.tokens = torch.cat([state.tokens, tokens[:, None]], dim=1)  # (N, t + 1)
-        hidden = self.decode(state.tokens, state.memory, state.src_pad_mask, None)  # (N, t+1, D)
-        return self.project(hidden[:, -1])  # (N, V)

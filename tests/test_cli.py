@@ -79,7 +79,7 @@ def test_translate_stdin_to_stdout_keeps_lines_and_order(trained, tiny_prefix):
 
 
 def test_translate_defaults_to_the_runs_beam_and_equals_greedy_at_beam_1(trained):
-    from cli.decoding import SearchOptions
+    import cli.decoding as decoding
 
     text = "Y dijo Dios: Sea la luz.\nEn el principio crió Dios los cielos y la tierra.\n"
     default = tf("translate", trained, input=text)  # tiny.yaml: decode.beam_size 2
@@ -88,7 +88,7 @@ def test_translate_defaults_to_the_runs_beam_and_equals_greedy_at_beam_1(trained
     greedy = tf("translate", trained, "--greedy", input=text).stdout
     # --beam 1 takes the greedy path too; force it through beam search so the two differ in code.
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(SearchOptions, "greedy", property(lambda self: False))
+        mp.setattr(decoding, "is_greedy", lambda decode: False)
         assert tf("translate", trained, "--beam", "1", input=text).stdout == greedy
     bad = tf("translate", trained, "--greedy", "--nbest", "2", input=text)
     assert bad.exit_code == 2 and "--nbest 2" in bad.stderr

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.testing import assert_close
 
+from benchmarks.uncached import uncached_start
 from model.search import greedy_search
 from model.transformer import ModelConfig, Transformer, causal_mask, count_parameters
 
@@ -181,8 +182,8 @@ def test_uncached_step_equals_cached_step():
     src, src_pad, tgt_in, _ = batch()
     with torch.no_grad():
         memory = model.encode(src, src_pad)
-        state = model.init_prefix_state(memory, src_pad)
-        uncached = [model.decode_step_uncached(tgt_in[:, t], state) for t in range(tgt_in.size(1))]
+        state, step = uncached_start(model, memory, src_pad)
+        uncached = [step(tgt_in[:, t], state) for t in range(tgt_in.size(1))]
         cached = step_by_step(model, memory, src_pad, tgt_in)
     assert_close(torch.stack(uncached, 1), cached, atol=1e-5, rtol=1e-5)
 

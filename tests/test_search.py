@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.uncached import uncached_start
+from cli.decoding import cached_start
 from model.search import Hypothesis, beam_search, gnmt_length_penalty, greedy_search
 from model.transformer import ModelConfig, Transformer
 
@@ -257,13 +259,12 @@ def tiny_model() -> Transformer:
 
 
 def model_search(model: Transformer, cached: bool, beam_size: int | None, **options):
-    """Search a fixed batch with decode_step (cached) or decode_step_uncached."""
+    """Search a fixed batch with decode_step (cached) or the uncached reference."""
     g = torch.Generator().manual_seed(7)
     src = torch.randint(4, 40, (5, 6), generator=g)
     src_pad = torch.arange(6)[None, :] >= torch.tensor([6, 3, 5, 2, 4])[:, None]  # (B, S)
     memory = model.encode(src.masked_fill(src_pad, PAD), src_pad)
-    decode = model.decode_step if cached else model.decode_step_uncached
-    state = (model.init_cache if cached else model.init_prefix_state)(memory, src_pad)
+    state, decode = (cached_start if cached else uncached_start)(model, memory, src_pad)
 
     def step(tokens, state):
         return F.log_softmax(decode(tokens, state), dim=-1), state
