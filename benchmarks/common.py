@@ -26,7 +26,7 @@ def bench_tokenizer(vocab_size: int) -> Tokenizer:
     if (directory / "joint.model").exists():
         return Tokenizer.load(directory)
     corpus = load_corpus(corpus_spec("train"), "es", "en")
-    return train_tokenizer(corpus["src"], corpus["tgt"], directory, vocab_size=vocab_size)
+    return train_tokenizer(corpus["src"], corpus["tgt"], directory, vocab_size=vocab_size, seed=0)
 
 
 def corpus_batches(config, n_batches: int, seed: int = 0) -> tuple[Tokenizer, list[Batch]]:

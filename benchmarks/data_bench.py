@@ -47,7 +47,7 @@ def _measure(spec: str, vocab_size: int, max_tokens: int, tokenizer_dir: Path) -
     load_s = time.perf_counter() - started
 
     started = time.perf_counter()
-    tokenizer = train_tokenizer(ds["src"], ds["tgt"], tokenizer_dir, vocab_size=vocab_size)
+    tokenizer = train_tokenizer(ds["src"], ds["tgt"], tokenizer_dir, vocab_size=vocab_size, seed=0)
     train_s = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -65,6 +65,7 @@ def _measure(spec: str, vocab_size: int, max_tokens: int, tokenizer_dir: Path) -
         pad_id=tokenizer.pad_id,
         bos_id=tokenizer.bos_id,
         eos_id=tokenizer.eos_id,
+        seed=0,
     )
     n_batches = len(iterator)  # plans the epoch
     plan_s = time.perf_counter() - started

@@ -88,6 +88,7 @@ def prepare_data(config: Config, tokenizer: Tokenizer, train_corpus, dd: distrib
         token_ids(dev_fit, "tgt_ids"),
         max_tokens=t.max_tokens,
         max_sentences=t.max_sentences,
+        seed=t.seed,  # unused: no shuffling
         shuffle=False,
         **special,
     )

@@ -287,8 +287,8 @@ class BatchIterator:
         pad_id: int,
         bos_id: int,
         eos_id: int,
+        seed: int,  # no default here: `train.seed` is the one default
         max_sentences: int | None = None,
-        seed: int = 0,
         shuffle: bool = True,
         pool_batches: int = 100,
         rank: int = 0,

@@ -33,10 +33,10 @@ def train_tokenizer(
     out_dir: str | os.PathLike,
     *,
     vocab_size: int,
+    seed: int,  # no default here: `train.seed` is the one default
     model_type: str = "bpe",
     joint: bool = True,
     character_coverage: float = 1.0,
-    seed: int = 0,
     input_sentence_size: int = 2_000_000,
     byte_fallback: bool = False,
 ) -> Tokenizer:

@@ -162,7 +162,7 @@ def beam_search(
     bos_id: int,
     eos_id: int,
     max_lens: Tensor,
-    length_penalty: float = 0.6,
+    length_penalty: float,  # no default here: `decode.length_penalty` is the one default
     min_len: int = 0,
     nbest: int = 1,
     no_repeat_ngram_size: int = 0,

@@ -43,7 +43,7 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory, tiny_prefix: str):
 
     src = Path(f"{tiny_prefix}.es").read_text(encoding="utf-8").splitlines()
     tgt = Path(f"{tiny_prefix}.en").read_text(encoding="utf-8").splitlines()
-    return train_tokenizer(src, tgt, tmp_path_factory.mktemp("tokenizer"), vocab_size=100)
+    return train_tokenizer(src, tgt, tmp_path_factory.mktemp("tokenizer"), vocab_size=100, seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -155,7 +155,9 @@ def test_one_host_sync_per_search_step(monkeypatch, search):
     common = dict(batch_size=3, bos_id=2, eos_id=1, max_lens=torch.tensor([6, 6, 6]), min_len=0)
     with counter:
         if search == "beam":
-            beam_search(counting_step, None, lambda s, i: s, beam_size=4, **common)
+            beam_search(
+                counting_step, None, lambda s, i: s, beam_size=4, length_penalty=0.6, **common
+            )
         else:
             greedy_search(counting_step, None, lambda s, i: s, **common)
     between = [b - a for a, b in zip(per_step, per_step[1:])]

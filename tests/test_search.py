@@ -67,6 +67,7 @@ def search(step, batch_size: int, max_lens: list[int], beam_size: int | None = N
     common = dict(batch_size=batch_size, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor(max_lens))
     if beam_size is None:
         return greedy_search(step, start(batch_size), reorder_rows, **common, **options)
+    options = {"length_penalty": 0.6, **options}  # the config's default, unless given
     return beam_search(
         step, start(batch_size), reorder_rows, beam_size=beam_size, **common, **options
     )
@@ -228,7 +229,9 @@ def test_beams_are_expanded_and_finished_sentences_dropped_by_reorder():
         indices.append(index)
         return state[index]
 
-    common = dict(batch_size=3, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([4, 4, 4]))
+    common = dict(
+        batch_size=3, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([4, 4, 4]), length_penalty=0.6
+    )
     beam_search(step, torch.tensor([[1], [1], [1]]), reorder, beam_size=3, **common)
     assert indices[0].tolist() == torch.arange(3).repeat_interleave(3).tolist()
     indices.clear()
@@ -272,6 +275,7 @@ def model_search(model: Transformer, cached: bool, beam_size: int | None, **opti
     common = dict(batch_size=5, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([9, 4, 8, 2, 6]))
     if beam_size is None:
         return greedy_search(step, state, lambda s, i: s.reorder(i), **common, **options)
+    options = {"length_penalty": 0.6, **options}  # the config's default, unless given
     return beam_search(
         step, state, lambda s, i: s.reorder(i), beam_size=beam_size, **common, **options
     )

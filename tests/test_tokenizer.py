@@ -21,7 +21,7 @@ def texts(tiny_prefix):
 
 @pytest.mark.parametrize("model_type", ["bpe", "unigram"])
 def test_round_trip_of_accented_spanish_with_a_small_vocab(tmp_path, texts, model_type):
-    tok = train_tokenizer(*texts, tmp_path, vocab_size=100, model_type=model_type)
+    tok = train_tokenizer(*texts, tmp_path, vocab_size=100, seed=0, model_type=model_type)
     assert tok.src_vocab_size == tok.tgt_vocab_size == 100
     [ids] = tok.encode_src([SENTENCE])
     assert tok.unk_id not in ids
@@ -31,7 +31,7 @@ def test_round_trip_of_accented_spanish_with_a_small_vocab(tmp_path, texts, mode
 
 
 def test_special_ids_are_read_back_from_the_model(tmp_path, texts):
-    train_tokenizer(*texts, tmp_path, vocab_size=100)
+    train_tokenizer(*texts, tmp_path, vocab_size=100, seed=0)
     tok = Tokenizer.load(tmp_path)
     assert (tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (0, 1, 2, 3)
     assert tok.tgt_pieces([tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id]) == [
@@ -59,25 +59,27 @@ def test_joint_model_is_one_file_shared_by_both_sides(tiny_tokenizer):
 
 
 def test_separate_models_and_retraining_in_the_same_dir(tmp_path, texts):
-    separate = train_tokenizer(*texts, tmp_path, vocab_size=100, joint=False)
+    separate = train_tokenizer(*texts, tmp_path, vocab_size=100, seed=0, joint=False)
     assert not separate.joint
     assert sorted(p.name for p in tmp_path.glob("*.model")) == ["src.model", "tgt.model"]
     assert separate.encode_src(["Dios"]) != separate.encode_tgt(["Dios"])
     assert not Tokenizer.load(tmp_path).joint
     # Retraining joint over it removes the separate models, so load() is not ambiguous.
-    assert Tokenizer.load(train_tokenizer(*texts, tmp_path, vocab_size=100).directory).joint
+    assert Tokenizer.load(train_tokenizer(*texts, tmp_path, vocab_size=100, seed=0).directory).joint
 
 
 def test_vocab_size_is_an_upper_bound_on_tiny_corpora(tmp_path):
-    tok = train_tokenizer(["uno dos tres"] * 3, ["one two three"] * 3, tmp_path, vocab_size=500)
+    tok = train_tokenizer(
+        ["uno dos tres"] * 3, ["one two three"] * 3, tmp_path, vocab_size=500, seed=0
+    )
     assert tok.src_vocab_size <= 500
 
 
 def test_digest_identifies_the_model_files(tmp_path, texts):
-    first = train_tokenizer(*texts, tmp_path / "a", vocab_size=100)
+    first = train_tokenizer(*texts, tmp_path / "a", vocab_size=100, seed=0)
     assert first.digest() == Tokenizer.load(tmp_path / "a").digest()
     assert len(first.digest()) == 64
-    second = train_tokenizer(*texts, tmp_path / "b", vocab_size=120)
+    second = train_tokenizer(*texts, tmp_path / "b", vocab_size=120, seed=0)
     assert second.digest() != first.digest()
 
 
@@ -96,14 +98,14 @@ def test_load_of_a_file_that_is_not_a_model(tmp_path):
 
 def test_a_vocab_too_small_for_the_characters_says_what_to_change(tmp_path, texts):
     with pytest.raises(InputError) as err:
-        train_tokenizer(*texts, tmp_path, vocab_size=20)
+        train_tokenizer(*texts, tmp_path, vocab_size=20, seed=0)
     message = str(err.value)
     assert "\n" not in message and "vocab_size 20" in message and "character_coverage" in message
 
 
 def test_unknown_model_type(tmp_path, texts):
     with pytest.raises(InputError, match="model_type"):
-        train_tokenizer(*texts, tmp_path, vocab_size=100, model_type="wordpiece")
+        train_tokenizer(*texts, tmp_path, vocab_size=100, seed=0, model_type="wordpiece")
 
 
 def test_found_in_tells_whether_a_folder_holds_a_tokenizer(tmp_path, tiny_tokenizer):
