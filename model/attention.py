@@ -179,10 +179,17 @@ class CrossAttention(MultiheadAttention):
         q = self._project_query(x)
         return self._attend(q, memory_kv.keys, memory_kv.values, keep)
 
-    def probabilities(self, x: Tensor, memory_kv: KVCache, keep: Tensor | None) -> Tensor:
-        """The attention probabilities softmax(QK^T / sqrt(d_k)) of `forward`, per head.
+    def forward_with_probabilities(
+        self, x: Tensor, memory_kv: KVCache, keep: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """`forward` computed explicitly, also returning its probabilities (for inspection,
+        in eval mode: no dropout).
 
-        Shape: x (B, T, D), keep (B, 1, 1, S) -> (B, H, T, S), zero on padding keys.
+        Shape: x (B, T, D), keep (B, 1, 1, S) -> (B, T, D) and (B, H, T, S), the latter zero
+        on padding keys.
         """
         q = self._project_query(x)
-        return self._probabilities(q, memory_kv.keys, keep)
+        probabilities = self._probabilities(q, memory_kv.keys, keep)  # (B, H, T, S)
+        out = probabilities @ memory_kv.values  # (B, H, T, D/H)
+        B, H, T, d_head = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, H * d_head)), probabilities

@@ -163,6 +163,7 @@ class DecoderLayer(nn.Module):
         src_keep: Tensor | None,
         causal: bool = False,
         cache: KVCache | None = None,
+        attention: list[Tensor] | None = None,
     ) -> Tensor:
         """One decoder layer over a whole target sequence, or over one new position with a cache.
 
@@ -173,35 +174,37 @@ class DecoderLayer(nn.Module):
             causal: position i attends to target positions up to i; False when stepping (the
                 cache holds only the past).
             cache: self-attention keys and values of earlier positions; x's are appended.
+            attention: if a list, the cross-attention probabilities (B, H, T, S) are appended
+                to it (computed explicitly; for inspection in eval mode).
 
         Returns:
             (B, T, D)
         """
         if self.norm_first:
             x = x + self._sa_block(self.norm1(x), causal, cache)
-            x = x + self._mha_block(self.norm2(x), memory_kv, src_keep)
+            x = x + self._mha_block(self.norm2(x), memory_kv, src_keep, attention)
             x = x + self._ff_block(self.norm3(x))
         else:
             x = self.norm1(x + self._sa_block(x, causal, cache))
-            x = self.norm2(x + self._mha_block(x, memory_kv, src_keep))
+            x = self.norm2(x + self._mha_block(x, memory_kv, src_keep, attention))
             x = self.norm3(x + self._ff_block(x))
         return x
-
-    def cross_attention(
-        self, x: Tensor, memory_kv: KVCache, src_keep: Tensor | None, causal: bool
-    ) -> Tensor:
-        """This layer's cross-attention probabilities for its input x (B, T, D) -> (B, H, T, S)."""
-        if self.norm_first:
-            x = x + self._sa_block(self.norm1(x), causal, None)
-            return self.multihead_attn.probabilities(self.norm2(x), memory_kv, src_keep)
-        x = self.norm1(x + self._sa_block(x, causal, None))
-        return self.multihead_attn.probabilities(x, memory_kv, src_keep)
 
     def _sa_block(self, x: Tensor, causal: bool, cache: KVCache | None) -> Tensor:
         return self.dropout1(self.self_attn(x, is_causal=causal, cache=cache))
 
-    def _mha_block(self, x: Tensor, memory_kv: KVCache, src_keep: Tensor | None) -> Tensor:
-        return self.dropout2(self.multihead_attn(x, memory_kv, src_keep))
+    def _mha_block(
+        self,
+        x: Tensor,
+        memory_kv: KVCache,
+        src_keep: Tensor | None,
+        attention: list[Tensor] | None = None,
+    ) -> Tensor:
+        if attention is None:
+            return self.dropout2(self.multihead_attn(x, memory_kv, src_keep))
+        out, probabilities = self.multihead_attn.forward_with_probabilities(x, memory_kv, src_keep)
+        attention.append(probabilities)
+        return self.dropout2(out)
 
     def _ff_block(self, x: Tensor) -> Tensor:
         """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
@@ -258,11 +261,11 @@ class Decoder(nn.Module):
     def cross_attention(
         self, x: Tensor, memory_kv: list[KVCache], src_keep: Tensor | None
     ) -> Tensor:
-        """Each layer's cross-attention probabilities, x (B, T, D) -> (L, B, H, T, S)."""
-        probabilities = []
+        """Each layer's cross-attention probabilities, x (B, T, D) -> (L, B, H, T, S): one
+        teacher-forced pass, each layer run once."""
+        probabilities: list[Tensor] = []
         for layer, kv in zip(self.layers, memory_kv, strict=True):
-            probabilities.append(layer.cross_attention(x, kv, src_keep, causal=True))
-            x = layer(x, kv, src_keep, causal=True)
+            x = layer(x, kv, src_keep, causal=True, attention=probabilities)
         return torch.stack(probabilities)
 
 

@@ -322,3 +322,16 @@ def test_causal_mask_blocks_the_future():
         [False, False, True],
         [False, False, False],
     ]
+
+
+def test_the_attention_pass_runs_each_decoder_layer_once():
+    """The heatmap pass keeps each layer's cross-attention while running the layer, instead of
+    running the self-attention again to find the layer's input."""
+    model = tiny_model().eval()
+    src, src_pad, tgt_in, tgt_pad = batch()
+    calls = []
+    for layer in model.decoder.layers:
+        layer.self_attn.register_forward_hook(lambda module, args, out: calls.append(module))
+    with torch.no_grad():
+        model.cross_attention(src, tgt_in, src_pad, tgt_pad)
+    assert len(calls) == len(model.decoder.layers)
