@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cli.plot import new_figure, require_matplotlib
+from cli.figures import new_figure, require_matplotlib
 from data.errors import InputError
 from data.tokenizer import Tokenizer
 from model.transformer import ModelConfig, Transformer

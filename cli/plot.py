@@ -1,9 +1,5 @@
-"""`tf plot`: a run's training and validation curves, read from RUN/metrics.jsonl, as one PNG.
-
-matplotlib is an optional extra (`pip install 'tf[plot]'`). Figures are drawn on a `Figure` with an
-Agg canvas of their own rather than through pyplot: no global backend or figure list is touched, so
-nothing needs a display and nothing leaks when many pictures are written in one process.
-"""
+"""`tf plot`: a run's training and validation curves, read from RUN/metrics.jsonl, as one PNG
+(matplotlib needed: `pip install 'tf[plot]'`)."""
 
 from __future__ import annotations
 
@@ -11,41 +7,16 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cli.figures import new_figure
 from data.errors import InputError
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
 
 Record = dict[str, Any]
 
 TRAIN_STYLE = dict(linewidth=1.2)
 DEV_STYLE = dict(marker="o", markersize=4, linewidth=1.2)  # few points: show each one
-
-
-def require_matplotlib(command: str) -> None:
-    """Fail with a one-line InputError naming `command` when matplotlib is not installed."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise InputError(f"matplotlib is needed for {command}: pip install 'tf[plot]'") from None
-
-
-def new_figure(width: float, height: float, command: str) -> Figure:
-    """An empty figure rendered by Agg, or a one-line InputError without matplotlib.
-
-    Args:
-        width, height: the size in inches.
-        command: what needs matplotlib, named in the error (e.g. "tf plot").
-    """
-    # The package first: its submodules, once imported, would be found even without it.
-    require_matplotlib(command)
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(figure)  # attaches itself: savefig renders with Agg
-    return figure
 
 
 def read_metrics(path: Path) -> tuple[list[Record], list[Record]]:
