@@ -10,26 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from test_cli import assert_user_error, tf
 
 from cli.checkpoint import save_atomic
-from cli.main import app
 
 ROOT = Path(__file__).resolve().parent.parent
-runner = CliRunner()
-
-
-def tf(*args, input: str | None = None):
-    return runner.invoke(app, [str(a) for a in args], input=input)
-
-
-def assert_user_error(result, *fragments: str) -> None:
-    assert result.exit_code == 2, result.output
-    err = result.stderr.strip()
-    assert err.startswith("error: ") and "\n" not in err, err
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in err, err
 
 
 @pytest.mark.parametrize(

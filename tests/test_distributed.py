@@ -39,9 +39,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def one_update(rank: int, world_size: int, port: int, prefix: str, run: str, out: str) -> None:
-    """Build a trainer as `tf train` would on this rank; update once on this rank's half of a
-    fixed batch (the whole batch when alone); the main rank saves the weights."""
+def rank_trainer(rank: int, world_size: int, port: int, prefix: str, run: str):
+    """This rank's process group and trainer, as `tf train` builds them under torchrun."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -51,11 +50,17 @@ def one_update(rank: int, world_size: int, port: int, prefix: str, run: str, out
     )
     config = load_config("tiny", [f"data.train={prefix}", f"data.dev={prefix}", *COMMON])
     dd, device = distributed.init("cpu")
+    if dd.main:
+        start_run(config, Path(run), force=True)
+    distributed.barrier(dd)
+    return dd, Trainer(config, RunDir(Path(run)), dd, device)
+
+
+def one_update(rank: int, world_size: int, port: int, prefix: str, run: str, out: str) -> None:
+    """Build a trainer as `tf train` would on this rank; update once on this rank's half of a
+    fixed batch (the whole batch when alone); the main rank saves the weights."""
+    dd, trainer = rank_trainer(rank, world_size, port, prefix, run)
     try:
-        if dd.main:
-            start_run(config, Path(run), force=True)
-        distributed.barrier(dd)
-        trainer = Trainer(config, RunDir(Path(run)), dd, device)
         if dd.active:  # no per-step broadcast of the constant positions; no gradient copy
             assert trainer.net.broadcast_buffers is False
             assert trainer.net.gradient_as_bucket_view is True
@@ -168,20 +173,8 @@ def test_torchrun_two_processes_write_one_run_and_resume(tmp_path, tiny_prefix):
 
 def nan_on_one_rank(rank: int, world_size: int, port: int, prefix: str, run: str) -> None:
     """Rank 1's weights turn NaN; saving must stop both ranks, not leave rank 0 waiting."""
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-    )
-    config = load_config("tiny", [f"data.train={prefix}", f"data.dev={prefix}", *COMMON])
-    dd, device = distributed.init("cpu")
+    dd, trainer = rank_trainer(rank, world_size, port, prefix, run)
     try:
-        if dd.main:
-            start_run(config, Path(run), force=True)
-        distributed.barrier(dd)
-        trainer = Trainer(config, RunDir(Path(run)), dd, device)
         if rank == 1:
             with torch.no_grad():
                 trainer.model.generator.weight.fill_(float("nan"))
