@@ -7,10 +7,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from cli.checkpoint import load_for_inference
-from cli.config import with_overrides
-from cli.decoding import translate_stream
 from cli.device import pick_device
+from cli.engines import load_engine
 from cli.scoring import score
 from data.errors import InputError
 from data.text import read_file_lines
@@ -30,6 +28,7 @@ def run_eval(
     device_name: str,
     limit: int,
     as_json: bool,
+    int8: bool = False,
 ) -> str:
     """Translate `src` with the run's model (or read `hyp`) and score it against `ref`."""
 
@@ -45,14 +44,12 @@ def run_eval(
             raise InputError("tf eval needs RUN and --src, or --hyp")
         srcs = read_file_lines(src)
         check_parallel(src, srcs, ref, refs)
-        device = pick_device(device_name)
-        model, tokenizer, config = load_for_inference(run, device)
-        config = with_overrides(config, overrides)
+        engine = load_engine(run, pick_device(device_name), overrides, int8)
         if limit:
             srcs, refs = srcs[:limit], refs[:limit]
-        out = translate_stream(model, tokenizer, srcs, config.decode, device, str(src))
-        hyps = tokenizer.decode_tgt([h[0].tokens for _, h in out])
-        settings = asdict(config.decode)
+        out = engine.stream(srcs, str(src))
+        hyps = engine.tokenizer.decode_tgt([h[0].tokens for _, h in out])
+        settings = asdict(engine.config.decode)
         settings.pop("nbest")
     result = score(hyps, refs)
     if settings:

@@ -42,6 +42,9 @@ Lenpen = Annotated[
     typer.Option(help="GNMT length penalty alpha [decode.length_penalty].", show_default=False),
 ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")]
+Int8 = Annotated[
+    bool, typer.Option("--int8", help="PyTorch model's linear layers in dynamic int8 (CPU).")
+]
 DecodeSet = Annotated[
     Optional[list[str]],  # noqa: UP045
     typer.Option("--set", help="Override a decode setting: decode.KEY=VALUE (repeatable)."),
@@ -131,7 +134,9 @@ def train(
 @app.command()
 @user_errors
 def translate(
-    run: Annotated[str, typer.Argument(help="Run directory or checkpoint file.")],
+    run: Annotated[
+        str, typer.Argument(help="Run directory, checkpoint file or exported CTranslate2 dir.")
+    ],
     input: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option("-i", "--input", help="Source text [stdin]."),
@@ -147,6 +152,7 @@ def translate(
     set_: DecodeSet = None,
     scores: Annotated[bool, typer.Option(help="Print each hypothesis' score.")] = False,
     device: Device = "auto",
+    int8: Int8 = False,
     attention: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(help="Write DIR/NNNN.png: each line's cross-attention (needs matplotlib)."),
@@ -166,7 +172,7 @@ def translate(
 
     overrides = decode_overrides(beam, greedy, nbest, lenpen, set_ or [])
     pictures = AttentionOptions(attention, attention_layer, attention_head) if attention else None
-    run_translate(run, input, output, overrides, device, scores, attention=pictures)
+    run_translate(run, input, output, overrides, device, scores, attention=pictures, int8=int8)
 
 
 @app.command("eval")
@@ -186,6 +192,7 @@ def eval_(
     limit: Annotated[int, typer.Option(help="Score only the first N lines (0: all).")] = 0,
     device: Device = "auto",
     json: Annotated[bool, typer.Option("--json", help="One JSON object for pipelines.")] = False,
+    int8: Int8 = False,
 ) -> None:
     """Translate and score with sacrebleu: corpus BLEU and chrF, with signatures."""
     from cli.decoding import decode_overrides
@@ -194,7 +201,25 @@ def eval_(
     if limit < 0:
         raise InputError(f"--limit must be 0 (all) or more, got {limit}")
     overrides = decode_overrides(beam, greedy, None, lenpen, set_ or [])
-    typer.echo(run_eval(run, src, ref, hyp, overrides, device, limit, json))
+    typer.echo(run_eval(run, src, ref, hyp, overrides, device, limit, json, int8))
+
+
+@app.command()
+@user_errors
+def export(
+    run: Annotated[str, typer.Argument(help="Run directory or checkpoint file.")],
+    to: Annotated[str, typer.Option(help="ctranslate2 or huggingface.")] = ...,
+    output: Annotated[Path, typer.Option("-o", "--output", help="The directory to write.")] = ...,
+    quantization: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="CTranslate2 weights: int8, int8_float32, float16, ... [float32]."),
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Replace a non-empty output directory.")] = False,
+) -> None:
+    """Export for CTranslate2 (`tf translate DIR` runs it) or as a Hugging Face MarianMTModel."""
+    from cli.export import run_export
+
+    typer.echo(run_export(run, to, output, quantization, force))
 
 
 @app.command()

@@ -11,10 +11,9 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cli.checkpoint import load_for_inference
-from cli.config import with_overrides
-from cli.decoding import format_hypotheses, translate_stream
+from cli.decoding import format_hypotheses
 from cli.device import pick_device
+from cli.engines import load_engine
 from cli.files import atomic_output, check_output
 from data.errors import InputError
 from data.text import read_lines
@@ -32,10 +31,12 @@ def run_translate(
     scores: bool,
     progress: bool = True,
     attention: AttentionOptions | None = None,
+    int8: bool = False,
 ) -> None:
     """The `tf translate` command: stdin/FILE to stdout/FILE, with the run's decode settings
-    changed by `overrides` (`decode.KEY=VALUE`); with `attention`, also a heatmap of the
-    cross-attention of each line's best translation (see `cli.attention`)."""
+    changed by `overrides` (`decode.KEY=VALUE`); RUN may be an exported CTranslate2 directory;
+    `int8` runs the PyTorch model's linear layers in dynamic int8; with `attention`, also a
+    heatmap of the cross-attention of each line's best translation (see `cli.attention`)."""
     from tqdm import tqdm
 
     from cli.attention import prepare_attention, write_attention  # matplotlib: optional
@@ -44,16 +45,15 @@ def run_translate(
         raise InputError(f"{input_path}: no such file")
     if output_path is not None:
         check_output(output_path)
-    device = pick_device(device_name)
-    model, tokenizer, config = load_for_inference(run, device)
-    config = with_overrides(config, overrides)
+    engine = load_engine(run, pick_device(device_name), overrides, int8)
+    tokenizer, config = engine.tokenizer, engine.config
     if attention is not None:
+        if engine.model is None or int8:
+            raise InputError("--attention needs the run's PyTorch model in fp32")
         prepare_attention(attention, config.model)
     source = str(input_path) if input_path else "<stdin>"
     raw = open(input_path, "rb") if input_path else sys.stdin.buffer  # noqa: SIM115
-    results = translate_stream(
-        model, tokenizer, read_lines(raw, source), config.decode, device, source
-    )
+    results = engine.stream(read_lines(raw, source), source)
     if input_path and progress:
         results = tqdm(
             results,
@@ -70,7 +70,7 @@ def run_translate(
                 lines = format_hypotheses(tokenizer, hyps, scores, config.decode.nbest)
                 out.write("\n".join(lines) + "\n")
                 if attention is not None:
-                    write_attention(model, tokenizer, attention, n, src_ids, hyps[0].tokens)
+                    write_attention(engine.model, tokenizer, attention, n, src_ids, hyps[0].tokens)
                 if output_path is None:
                     out.flush()  # stdout: show each translation as soon as its chunk is done
         finally:

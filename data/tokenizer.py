@@ -205,9 +205,25 @@ class Tokenizer:
         """The source pieces named by `ids` (a truncated sentence keeps only its ids)."""
         return [self._src.id_to_piece(int(i)) for i in ids]
 
+    def tgt_piece_ids(self, pieces: list[str]) -> list[int]:
+        """The target ids of `pieces` (as an engine working on pieces returns them)."""
+        return [self._tgt.piece_to_id(p) for p in pieces]
+
     def tgt_pieces(self, ids: list[int]) -> list[str]:
         """The target pieces named by `ids`."""
         return [self._tgt.id_to_piece(int(i)) for i in ids]
+
+    def src_vocabulary(self) -> list[str]:
+        """The source pieces in id order."""
+        return [self._src.id_to_piece(i) for i in range(self.src_vocab_size)]
+
+    def tgt_vocabulary(self) -> list[str]:
+        """The target pieces in id order."""
+        return [self._tgt.id_to_piece(i) for i in range(self.tgt_vocab_size)]
+
+    def model_paths(self) -> list[Path]:
+        """The SentencePiece model file(s): joint.model, or src.model and tgt.model."""
+        return list(self._paths)
 
     def digest(self) -> str:
         """sha256 (hex) of the model file(s): identifies the tokenizer in caches and checkpoints."""

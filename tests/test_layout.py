@@ -6,7 +6,15 @@ import ast
 from pathlib import Path
 
 CLI = Path(__file__).resolve().parent.parent / "cli"
-COMMANDS = {"train", "translate", "evaluate", "average", "plot", "tokenizer"}  # + main, the app
+COMMANDS = {
+    "train",
+    "translate",
+    "evaluate",
+    "average",
+    "plot",
+    "tokenizer",
+    "export",
+}  # + main, the app
 LONGEST_FUNCTION = 60
 
 

@@ -1,0 +1,120 @@
+"""What `tf translate` and `tf eval` decode with: the run's PyTorch model (fp32, or its linear
+layers in dynamic int8), or an exported CTranslate2 directory, behind one streaming interface.
+
+Each engine yields, for every input line in order, the source ids it translated and the
+hypotheses (ids, best first), so output formatting and scoring never depend on the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from cli.checkpoint import CheckpointError, load_for_inference
+from cli.config import Config, DecodeConfig, load_config, with_overrides
+from cli.decoding import chunks, encode_sources, translate_stream
+from cli.export_ctranslate2 import TF_CONFIG, is_ctranslate2_dir
+from data.errors import InputError
+from data.tokenizer import Tokenizer
+from model.search import Hypothesis
+from model.transformer import Transformer
+
+Results = Iterator[tuple[list[int], list[Hypothesis]]]
+
+
+@dataclass
+class Engine:
+    tokenizer: Tokenizer
+    config: Config  # the run's, with the command line's decode overrides
+    stream: Callable[[Iterable[str], str], Results]  # (lines, source name) -> results
+    model: Transformer | None = None  # the PyTorch model, when that is the engine
+
+
+def load_engine(run: str, device: torch.device, overrides: list[str], int8: bool = False) -> Engine:
+    """The engine for RUN (a run directory or checkpoint) or for an exported CTranslate2 DIR."""
+    if is_ctranslate2_dir(run):
+        if int8:
+            raise InputError(f"{run}: --int8 is for PyTorch models; export with --quantization")
+        return ctranslate2_engine(Path(run), device, overrides)
+    model, tokenizer, config = load_for_inference(run, device)
+    config = with_overrides(config, overrides)
+    if int8:
+        model = quantize_int8(model, device)
+
+    def stream(lines: Iterable[str], source: str) -> Results:
+        return translate_stream(model, tokenizer, lines, config.decode, device, source)
+
+    return Engine(tokenizer, config, stream, model)
+
+
+def quantize_int8(model: Transformer, device: torch.device) -> Transformer:
+    """The model with its nn.Linear layers (attention outputs, feed-forward, generator) in
+    dynamic int8: weights stored in int8, activations quantized on the fly, CPU only."""
+    if device.type != "cpu":
+        raise InputError("--int8 runs on the CPU only (use --device cpu)")
+    return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def ctranslate2_engine(directory: Path, device: torch.device, overrides: list[str]) -> Engine:
+    """A CTranslate2 Translator over DIR, with DIR's SentencePiece model(s) and decode settings."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise InputError("CTranslate2 is needed to run it: pip install 'tf[export]'") from None
+    tokenizer = Tokenizer.load(directory)
+    config = with_overrides(load_config(directory / TF_CONFIG), overrides)
+    try:
+        translator = ctranslate2.Translator(str(directory), device=device.type)
+    except (RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{directory}: not a loadable CTranslate2 model ({e})") from None
+    max_src = config.model.max_positions
+
+    def stream(lines: Iterable[str], source: str) -> Results:
+        first = 1
+        for chunk in chunks(lines):
+            src_ids = encode_sources(tokenizer, chunk, max_src, source, first)
+            yield from zip(src_ids, translate_ids_ct2(translator, tokenizer, src_ids, config))
+            first += len(chunk)
+
+    return Engine(tokenizer, config, stream)
+
+
+def translate_ids_ct2(
+    translator, tokenizer: Tokenizer, src_ids: list[list[int]], config: Config
+) -> list[list[Hypothesis]]:
+    """CTranslate2's search with `config.decode`'s settings; empty sources stay empty.
+
+    CTranslate2 takes one length limit per call, so sources are sent in groups that share
+    theirs (a * len + b, as ours). Its length penalty divides by len ** alpha, not GNMT's
+    ((5 + len) / 6) ** alpha, and its beam search never returns an empty output: with alpha 0
+    and `decode.min_len` 1 its search is ours.
+    """
+    decode: DecodeConfig = config.decode
+    results = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
+    groups: dict[int, list[int]] = {}
+    for i, ids in enumerate(src_ids):
+        if ids:
+            limit = int(decode.max_len_a * len(ids) + decode.max_len_b)
+            groups.setdefault(max(1, min(limit, config.model.max_positions - 1)), []).append(i)
+    for limit, rows in groups.items():
+        found = translator.translate_batch(
+            [tokenizer.src_id_pieces(src_ids[i]) for i in rows],
+            beam_size=decode.beam_size,
+            num_hypotheses=decode.nbest,
+            length_penalty=decode.length_penalty,
+            max_decoding_length=limit,
+            min_decoding_length=decode.min_len,
+            no_repeat_ngram_size=decode.no_repeat_ngram_size,
+            max_batch_size=decode.max_tokens,
+            batch_type="tokens",
+            return_scores=True,
+        )
+        for i, result in zip(rows, found):
+            results[i] = [
+                Hypothesis(tokenizer.tgt_piece_ids(pieces), score, score)
+                for pieces, score in zip(result.hypotheses, result.scores)
+            ]
+    return results

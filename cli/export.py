@@ -1,0 +1,49 @@
+"""`tf export`: a trained model for CTranslate2 or Hugging Face `transformers`."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import torch
+
+from cli.checkpoint import load_for_inference
+from cli.export_ctranslate2 import export_ctranslate2
+from cli.export_marian import export_marian
+from data.errors import InputError
+
+ENGINES = {"ctranslate2": "ctranslate2", "huggingface": "transformers"}
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16")
+QUANTIZATIONS += ("bfloat16", "float32")
+
+
+def run_export(run: str, to: str, out: Path, quantization: str | None, force: bool = False) -> str:
+    """Export RUN (a run directory or checkpoint) into the new directory `out`."""
+    if to not in ENGINES:
+        raise InputError(f"--to {to}: expected one of {', '.join(ENGINES)}")
+    if importlib.util.find_spec(ENGINES[to]) is None:
+        raise InputError(f"--to {to} needs {ENGINES[to]}: pip install 'tf[export]'")
+    if quantization is not None and (to != "ctranslate2" or quantization not in QUANTIZATIONS):
+        raise InputError(
+            f"--quantization {quantization}: CTranslate2 takes {', '.join(QUANTIZATIONS)}"
+        )
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: is a file; -o needs a directory")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise InputError(f"{out}: is not empty; use --force to replace it")
+    model, tokenizer, config = load_for_inference(run, torch.device("cpu"))
+    # Written beside `out` and renamed at the end: an error leaves no half-exported directory.
+    staging = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        if to == "ctranslate2":
+            export_ctranslate2(model, tokenizer, config, staging, quantization)
+        else:
+            staging.mkdir(parents=True)
+            export_marian(model, tokenizer, config, staging)
+        shutil.rmtree(out, ignore_errors=True)
+        staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return f"{out}: {to} model ({model.num_parameters() / 1e6:.2f}M parameters)"

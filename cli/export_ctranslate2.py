@@ -1,0 +1,124 @@
+"""A `tf` model as a CTranslate2 model directory, through CTranslate2's own spec API.
+
+Our parameters map one to one onto `TransformerSpec`: the fused (3D, D) self-attention
+projection is CTranslate2's fused `linear[0]`; cross-attention splits the same matrix into the
+query rows and the fused key/value rows, as CTranslate2 expects; Post-LN is `pre_norm=False`
+(each sub-layer's norm after its residual, no final norm), Pre-LN adds the final norms. Our own
+sinusoidal table is written into the model (CTranslate2's generated one lays sin and cos out
+differently). Sources carry no BOS or EOS and the decoder starts from BOS, as in `tf`.
+
+The directory also holds the SentencePiece model(s) and `tf_config.yaml` (the run's config),
+so that `tf translate DIR` runs it with the same tokenizer and decode settings.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from cli.config import Config, save_config
+from data.tokenizer import Tokenizer
+from model.transformer import Transformer
+
+TF_CONFIG = "tf_config.yaml"
+
+
+def is_ctranslate2_dir(path: str | Path) -> bool:
+    """Whether `path` is a CTranslate2 model directory written by `tf export`."""
+    path = Path(path)
+    return (path / "model.bin").is_file() and (path / TF_CONFIG).is_file()
+
+
+def export_ctranslate2(
+    model: Transformer, tokenizer: Tokenizer, config: Config, out: Path, quantization: str | None
+) -> None:
+    """Write `model` as a CTranslate2 directory `out` (which must not exist yet)."""
+    import ctranslate2
+
+    class TfConverter(ctranslate2.converters.Converter):
+        def _load(self):
+            return transformer_spec(model, tokenizer)
+
+    TfConverter().convert(str(out), quantization=quantization)
+    for path in tokenizer.model_paths():
+        shutil.copyfile(path, out / path.name)
+    save_config(config, out / TF_CONFIG)
+
+
+def transformer_spec(model: Transformer, tokenizer: Tokenizer):
+    """The `TransformerSpec` holding `model`'s weights and `tokenizer`'s vocabularies."""
+    from ctranslate2.specs import common_spec
+    from ctranslate2.specs import transformer_spec as ts
+
+    c = model.config
+    spec = ts.TransformerSpec.from_config(
+        (c.n_encoder_layers, c.n_decoder_layers),
+        c.n_heads,
+        pre_norm=c.norm_first,
+        activation=common_spec.Activation.RELU,
+    )
+    weights = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
+    positions = model.src_embed.positions.float().cpu().numpy()  # (P, D) interleaved sin, cos
+    for stack, embed in ((spec.encoder, "src_embed"), (spec.decoder, "tgt_embed")):
+        embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
+        embeddings.weight = weights[f"{embed}.token.weight"]
+        stack.scale_embeddings = True  # x sqrt(D), section 3.4
+        stack.position_encodings.encodings = positions
+    for i, layer in enumerate(spec.encoder.layer):
+        p = f"encoder.layers.{i}."
+        _self_attention(layer.self_attention, weights, p + "self_attn.", p + "norm1.")
+        _ffn(layer.ffn, weights, p, p + "norm2.")
+    D = c.d_model
+    for i, layer in enumerate(spec.decoder.layer):
+        p = f"decoder.layers.{i}."
+        _self_attention(layer.self_attention, weights, p + "self_attn.", p + "norm1.")
+        cross = layer.attention
+        w, b = (
+            weights[p + "multihead_attn.in_proj_weight"],
+            weights[p + "multihead_attn.in_proj_bias"],
+        )
+        _linear(cross.linear[0], w[:D], b[:D])  # queries from the decoder
+        _linear(cross.linear[1], w[D:], b[D:])  # keys and values from the encoder, fused
+        _linear(cross.linear[2], *_pair(weights, p + "multihead_attn.out_proj."))
+        _norm(cross.layer_norm, weights, p + "norm2.")
+        _ffn(layer.ffn, weights, p, p + "norm3.")
+    if c.norm_first:  # Pre-LN stacks end in a norm of their own
+        _norm(spec.encoder.layer_norm, weights, "encoder.norm.")
+        _norm(spec.decoder.layer_norm, weights, "decoder.norm.")
+    spec.decoder.projection.weight = weights["generator.weight"]
+    spec.decoder.projection.bias = torch.zeros(weights["generator.weight"].shape[0]).numpy()
+    spec.register_source_vocabulary(tokenizer.src_vocabulary())
+    spec.register_target_vocabulary(tokenizer.tgt_vocabulary())
+    pieces = tokenizer.tgt_vocabulary()
+    spec.config.unk_token = pieces[tokenizer.unk_id]
+    spec.config.bos_token = pieces[tokenizer.bos_id]
+    spec.config.eos_token = pieces[tokenizer.eos_id]
+    spec.config.decoder_start_token = pieces[tokenizer.bos_id]
+    spec.config.add_source_bos = spec.config.add_source_eos = False
+    return spec
+
+
+def _pair(weights: dict, prefix: str):
+    return weights[prefix + "weight"], weights[prefix + "bias"]
+
+
+def _linear(spec, weight, bias) -> None:
+    spec.weight, spec.bias = weight, bias
+
+
+def _norm(spec, weights: dict, prefix: str) -> None:
+    spec.gamma, spec.beta = _pair(weights, prefix)
+
+
+def _self_attention(spec, weights: dict, prefix: str, norm: str) -> None:
+    _linear(spec.linear[0], weights[prefix + "in_proj_weight"], weights[prefix + "in_proj_bias"])
+    _linear(spec.linear[1], *_pair(weights, prefix + "out_proj."))
+    _norm(spec.layer_norm, weights, norm)
+
+
+def _ffn(spec, weights: dict, prefix: str, norm: str) -> None:
+    _linear(spec.linear_0, *_pair(weights, prefix + "linear1."))
+    _linear(spec.linear_1, *_pair(weights, prefix + "linear2."))
+    _norm(spec.layer_norm, weights, norm)

@@ -1,0 +1,200 @@
+"""`tf export` to CTranslate2 and Hugging Face Marian: the same outputs as `tf` itself."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from test_cli import assert_user_error, tf
+
+from cli.checkpoint import load_for_inference
+from cli.decoding import encode_sources, translate_ids
+
+SENTENCES = [
+    "Y dijo Dios: Sea la luz.",
+    "En el principio crió Dios los cielos y la tierra.",
+    "Y vió Dios que la luz era buena.",
+    "hola",
+]
+
+
+@pytest.fixture(scope="module")
+def sharp(trained, tmp_path_factory) -> Path:
+    """The trained tiny run with fresh random weights whose outputs are far from ties (6 updates
+    leave near-equal logits, where engines may break a tie either way)."""
+    from cli.checkpoint import build_model, load_checkpoint, save_atomic
+    from data.tokenizer import Tokenizer
+
+    run = tmp_path_factory.mktemp("sharp") / "run"
+    shutil.copytree(trained, run)
+    path = run / "checkpoints" / "best.pt"
+    ckpt = load_checkpoint(path)
+    _, _, config = load_for_inference(trained, torch.device("cpu"))
+    torch.manual_seed(3)
+    model = build_model(config, Tokenizer.load(run / "tokenizer"))
+    with torch.no_grad():
+        model.generator.weight.mul_(4.0)  # tied: sharper embeddings and output distribution
+    save_atomic({**ckpt, "model": model.state_dict()}, path)
+    return run
+
+
+@pytest.fixture(scope="module")
+def ct2_dir(sharp, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "ct2"
+    result = tf("export", sharp, "--to", "ctranslate2", "-o", out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_dir(sharp, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "hf"
+    result = tf("export", sharp, "--to", "huggingface", "-o", out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def ours(trained, **decode) -> list[list[int]]:
+    model, tok, config = load_for_inference(trained, torch.device("cpu"))
+    ids = encode_sources(tok, SENTENCES, model.config.max_positions, "test", 1)
+    settings = replace(config.decode, **decode)
+    return [h[0].tokens for h in translate_ids(model, tok, ids, settings, torch.device("cpu"))]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_ctranslate2_searches_as_tf(sharp, ct2_dir, beam):
+    """Greedy, and beam search with the length penalty off (CTranslate2 divides by len ** alpha,
+    we by GNMT's lp) and at least one token (its beam never returns an empty output)."""
+    import ctranslate2
+
+    from cli.engines import translate_ids_ct2
+    from data.tokenizer import Tokenizer
+
+    decode = dict(beam_size=beam, length_penalty=0.0, min_len=1)
+    _, tok, config = load_for_inference(sharp, torch.device("cpu"))
+    config = replace(config, decode=replace(config.decode, **decode))
+    translator = ctranslate2.Translator(str(ct2_dir))
+    ids = encode_sources(Tokenizer.load(ct2_dir), SENTENCES, 256, "test", 1)
+    theirs = [h[0].tokens for h in translate_ids_ct2(translator, tok, ids, config)]
+    assert theirs == ours(sharp, **decode)
+    assert len({len(t) for t in theirs}) > 1  # outputs of several lengths were compared
+
+
+def test_tf_translate_runs_an_exported_directory(sharp, ct2_dir):
+    text = "\n".join(SENTENCES) + "\n"
+    direct = tf("translate", sharp, "--greedy", input=text)
+    exported = tf("translate", ct2_dir, "--greedy", input=text)
+    assert exported.exit_code == 0, exported.output
+    assert exported.stdout == direct.stdout
+    assert_user_error(tf("translate", ct2_dir, "--int8", input=text), "--quantization")
+
+
+def test_an_exported_directory_loads_without_tf(ct2_dir, hf_dir):
+    """A fresh process with only the engines imported: no `tf` module is needed."""
+    code = f"""
+import sys, ctranslate2, transformers
+t = ctranslate2.Translator({str(ct2_dir)!r})
+print(t.translate_batch([["▁hola"]])[0].hypotheses[0])
+m = transformers.MarianMTModel.from_pretrained({str(hf_dir)!r})
+tok = transformers.MarianTokenizer.from_pretrained({str(hf_dir)!r})
+out = m.generate(**tok(["hola"], return_tensors="pt"), num_beams=1, max_new_tokens=5)
+print(tok.batch_decode(out, skip_special_tokens=True))
+assert not {{"cli", "model", "data"}} & set(sys.modules), sorted(sys.modules)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_marian_logits_equal_tf_on_a_padded_batch(sharp, hf_dir):
+    from transformers import MarianMTModel
+
+    from data.batching import collate
+
+    model, tok, _ = load_for_inference(sharp, torch.device("cpu"))
+    marian = MarianMTModel.from_pretrained(hf_dir).eval()
+    src = encode_sources(tok, SENTENCES, 256, "test", 1)
+    tgt = encode_sources(tok, ["God said.", "In the beginning", "light", "hi"], 256, "test", 1)
+    batch = collate(src, tgt, tok.pad_id, tok.bos_id, tok.eos_id, list(range(len(src))))
+    with torch.no_grad():
+        expected = model(batch.src, batch.tgt_in, batch.src_pad_mask, batch.tgt_pad_mask)
+        got = marian(
+            input_ids=batch.src,
+            attention_mask=(~batch.src_pad_mask).long(),
+            decoder_input_ids=batch.tgt_in,
+        ).logits
+    real = ~batch.tgt_pad_mask
+    torch.testing.assert_close(got[real], expected[real], atol=1e-4, rtol=1e-4)
+
+
+def test_marian_tokenizer_and_generate_translate_as_tf_greedy(sharp, hf_dir):
+    """What a `transformers` user runs (tokenizer, generate, decode), sentence by sentence with
+    tf's length limit (src + max_len_b tokens, then EOS). The tokenizer appends the pad token
+    (MarianTokenizer always appends one; our sources have none), which the mask hides."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    marian = MarianMTModel.from_pretrained(hf_dir).eval()
+    tokenizer = MarianTokenizer.from_pretrained(hf_dir)
+    _, tok, config = load_for_inference(sharp, torch.device("cpu"))
+    expected = tok.decode_tgt(ours(sharp, beam_size=1))
+    got = []
+    for sentence, src in zip(SENTENCES, encode_sources(tok, SENTENCES, 256, "test", 1)):
+        inputs = tokenizer([sentence], return_tensors="pt")
+        assert inputs["input_ids"][0].tolist() == src + [tokenizer.pad_token_id]
+        inputs["attention_mask"] = (inputs["input_ids"] != tokenizer.pad_token_id).long()
+        limit = int(config.decode.max_len_a * len(src) + config.decode.max_len_b)
+        out = marian.generate(**inputs, num_beams=1, max_new_tokens=limit + 1)
+        got += tokenizer.batch_decode(out, skip_special_tokens=True)
+    assert got == expected
+
+
+def test_export_refuses_clearly(trained, tmp_path, monkeypatch):
+    assert_user_error(tf("export", trained, "--to", "onnx", "-o", tmp_path / "x"), "--to onnx")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep").write_text("keep")
+    assert_user_error(tf("export", trained, "--to", "ctranslate2", "-o", full), "--force")
+    assert (full / "keep").read_text() == "keep"
+    q = tf("export", trained, "--to", "huggingface", "-o", tmp_path / "q", "--quantization", "int8")
+    assert_user_error(q, "--quantization")
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "ctranslate2" else real(name)
+    )
+    missing = tf("export", trained, "--to", "ctranslate2", "-o", tmp_path / "m")
+    assert_user_error(missing, "pip install 'tf[export]'")
+
+
+def test_pre_ln_cannot_become_marian(tmp_path, tiny_prefix):
+    from cli.checkpoint import build_model
+    from cli.config import load_config
+    from cli.export_marian import export_marian
+    from data.errors import InputError
+    from data.tokenizer import Tokenizer, train_tokenizer
+
+    config = load_config("tiny", ["model.norm_first=true"])
+    src = Path(f"{tiny_prefix}.es").read_text().splitlines()
+    tgt = Path(f"{tiny_prefix}.en").read_text().splitlines()
+    train_tokenizer(src, tgt, tmp_path / "tok", vocab_size=100, seed=0)
+    tok = Tokenizer.load(tmp_path / "tok")
+    with pytest.raises(InputError, match="Post-LN only"):
+        export_marian(build_model(config, tok), tok, config, tmp_path / "out")
+
+
+def test_int8_translates_every_line(trained):
+    text = "\n".join(SENTENCES) + "\n"
+    result = tf("translate", trained, "--greedy", "--int8", input=text)
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == len(SENTENCES)
