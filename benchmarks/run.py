@@ -17,7 +17,7 @@ import time
 import datasets
 import torch
 
-from benchmarks import data_bench, decode_bench, train_bench
+from benchmarks import data_bench, decode_bench, engines_bench, train_bench
 from benchmarks.common import OUT
 
 
@@ -51,6 +51,10 @@ def main() -> None:
     results["decode"] = decode_bench.run(run_dir, sentences, uncached)
     results["decode"]["run"] = str(run_dir)
     decode_bench.print_results(results["decode"])
+
+    print("\n== the same model and sentences through each engine: tf fp32/int8, CTranslate2")
+    results["engines"] = engines_bench.run(run_dir, sentences)
+    engines_bench.print_results(results["engines"])
 
     results["seconds"] = time.perf_counter() - started
     OUT.mkdir(exist_ok=True)

@@ -87,34 +87,52 @@ def translate_ids_ct2(
 ) -> list[list[Hypothesis]]:
     """CTranslate2's search with `config.decode`'s settings; empty sources stay empty.
 
-    CTranslate2 takes one length limit per call, so sources are sent in groups that share
-    theirs (a * len + b, as ours). Its length penalty divides by len ** alpha, not GNMT's
-    ((5 + len) / 6) ** alpha, and its beam search never returns an empty output: with alpha 0
-    and `decode.min_len` 1 its search is ours.
+    CTranslate2 takes one length limit per call, ours is per sentence (a * len + b): the batch
+    is searched under the largest limit, then the sentences whose output went past their own
+    limit are searched again under it (one call per limit; few sentences on a trained model).
+    Its length penalty divides by len ** alpha, not GNMT's ((5 + len) / 6) ** alpha, and its
+    beam search never returns an empty output: with alpha 0 and `decode.min_len` 1 its search
+    is ours.
     """
-    decode: DecodeConfig = config.decode
     results = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
-    groups: dict[int, list[int]] = {}
-    for i, ids in enumerate(src_ids):
-        if ids:
-            limit = int(decode.max_len_a * len(ids) + decode.max_len_b)
-            groups.setdefault(max(1, min(limit, config.model.max_positions - 1)), []).append(i)
-    for limit, rows in groups.items():
-        found = translator.translate_batch(
-            [tokenizer.src_id_pieces(src_ids[i]) for i in rows],
-            beam_size=decode.beam_size,
-            num_hypotheses=decode.nbest,
-            length_penalty=decode.length_penalty,
-            max_decoding_length=limit,
-            min_decoding_length=decode.min_len,
-            no_repeat_ngram_size=decode.no_repeat_ngram_size,
-            max_batch_size=decode.max_tokens,
-            batch_type="tokens",
-            return_scores=True,
-        )
-        for i, result in zip(rows, found):
-            results[i] = [
-                Hypothesis(tokenizer.tgt_piece_ids(pieces), score, score)
-                for pieces, score in zip(result.hypotheses, result.scores)
-            ]
+    limits = {i: _length_limit(len(ids), config) for i, ids in enumerate(src_ids) if ids}
+    if not limits:
+        return results
+    rows = list(limits)
+    _search_ct2(translator, tokenizer, src_ids, rows, max(limits.values()), config, results)
+    over: dict[int, list[int]] = {}
+    for i in rows:
+        if len(results[i][0].tokens) > limits[i]:
+            over.setdefault(limits[i], []).append(i)
+    for limit, again in over.items():
+        _search_ct2(translator, tokenizer, src_ids, again, limit, config, results)
     return results
+
+
+def _length_limit(src_len: int, config: Config) -> int:
+    """The most target tokens of a source of `src_len` pieces, as `search_batch` computes it."""
+    decode = config.decode
+    limit = int(decode.max_len_a * src_len + decode.max_len_b)
+    return max(1, min(limit, config.model.max_positions - 1))
+
+
+def _search_ct2(translator, tokenizer, src_ids, rows, limit, config, results) -> None:
+    """Search `rows` of `src_ids` under one length limit; their hypotheses into `results`."""
+    decode: DecodeConfig = config.decode
+    found = translator.translate_batch(
+        [tokenizer.src_id_pieces(src_ids[i]) for i in rows],
+        beam_size=decode.beam_size,
+        num_hypotheses=decode.nbest,
+        length_penalty=decode.length_penalty,
+        max_decoding_length=limit,
+        min_decoding_length=decode.min_len,
+        no_repeat_ngram_size=decode.no_repeat_ngram_size,
+        max_batch_size=decode.max_tokens,
+        batch_type="tokens",
+        return_scores=True,
+    )
+    for i, result in zip(rows, found):
+        results[i] = [
+            Hypothesis(tokenizer.tgt_piece_ids(pieces), score, score)
+            for pieces, score in zip(result.hypotheses, result.scores)
+        ]

@@ -59,8 +59,9 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
         pre_norm=c.norm_first,
         activation=common_spec.Activation.RELU,
     )
-    weights = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
-    positions = model.src_embed.positions.float().cpu().numpy()  # (P, D) interleaved sin, cos
+    # Copies: CTranslate2 may change the arrays in place (quantization), never our weights.
+    weights = {k: v.detach().float().cpu().numpy().copy() for k, v in model.state_dict().items()}
+    positions = model.src_embed.positions.float().cpu().numpy().copy()  # (P, D) sin, cos, ...
     for stack, embed in ((spec.encoder, "src_embed"), (spec.decoder, "tgt_embed")):
         embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
         embeddings.weight = weights[f"{embed}.token.weight"]

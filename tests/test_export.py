@@ -158,6 +158,17 @@ def test_marian_tokenizer_and_generate_translate_as_tf_greedy(sharp, hf_dir):
     assert got == expected
 
 
+def test_exporting_leaves_the_model_unchanged(sharp, tmp_path):
+    """CTranslate2 quantizes the arrays it is given in place: they must be copies."""
+    from cli.export_ctranslate2 import export_ctranslate2
+
+    model, tok, config = load_for_inference(sharp, torch.device("cpu"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    export_ctranslate2(model, tok, config, tmp_path / "q", "int8")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
 def test_export_refuses_clearly(trained, tmp_path, monkeypatch):
     assert_user_error(tf("export", trained, "--to", "onnx", "-o", tmp_path / "x"), "--to onnx")
     full = tmp_path / "full"

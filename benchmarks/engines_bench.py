@@ -1,0 +1,108 @@
+"""The same trained model and sentences through every engine `tf translate` can use: PyTorch in
+fp32, PyTorch with dynamic int8 linear layers (`--int8`), and its CTranslate2 export in float32
+and int8. Greedy and beam 5, sentences/s, target tokens/s and BLEU, measured alternately in one
+process, each engine end to end from source ids to hypotheses (as `tf translate` calls it).
+
+    python -m benchmarks.engines_bench [--run RUN] [--sentences 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import print_table
+from benchmarks.decode_bench import default_run, source_sentences
+from cli.checkpoint import load_for_inference
+from cli.decoding import encode_sources, translate_ids
+from cli.engines import quantize_int8, translate_ids_ct2
+from cli.export_ctranslate2 import export_ctranslate2
+from cli.scoring import score
+from data.corpus import load_corpus
+
+
+def references(n: int) -> list[str]:
+    return list(load_corpus("bundled:bible-es-en/test", "es", "en")["tgt"])[:n]
+
+
+def run(run_dir: Path, sentences: int = 1000, repeats: int = 2) -> dict:
+    import ctranslate2
+
+    cpu = torch.device("cpu")
+    model, tokenizer, config = load_for_inference(run_dir, cpu)
+    lines = source_sentences(sentences)
+    refs = references(len(lines))
+    src_ids = encode_sources(tokenizer, lines, model.config.max_positions, "test.es", 1)
+    int8 = quantize_int8(load_for_inference(run_dir, cpu)[0], cpu)
+    workdir = Path(tempfile.mkdtemp(prefix="tf-engines-"))
+    translators = {}
+    for name, quantization in (("ct2_float32", None), ("ct2_int8", "int8")):
+        export_ctranslate2(model, tokenizer, config, workdir / name, quantization)
+        threads = torch.get_num_threads()
+        translators[name] = ctranslate2.Translator(str(workdir / name), intra_threads=threads)
+
+    def engines(decode):
+        c = replace(config, decode=decode)
+        return {
+            "tf_fp32": lambda: translate_ids(model, tokenizer, src_ids, decode, cpu),
+            "tf_int8": lambda: translate_ids(int8, tokenizer, src_ids, decode, cpu),
+            **{
+                n: (lambda t=t: translate_ids_ct2(t, tokenizer, src_ids, c))
+                for n, t in translators.items()
+            },
+        }
+
+    results: dict[str, float] = {"sentences": len(lines)}
+    for search, beam in (("greedy", 1), ("beam5", 5)):
+        decode = replace(config.decode, beam_size=beam, nbest=1)
+        times: dict[str, list[float]] = {}
+        for _ in range(repeats):
+            for name, translate in engines(decode).items():  # alternate: noise hits all alike
+                start = time.perf_counter()
+                hyps = translate()
+                times.setdefault(name, []).append(time.perf_counter() - start)
+                key = f"{name}_{search}"
+                results[f"{key}_tokens"] = sum(len(h[0].tokens) + 1 for h in hyps)
+                texts = tokenizer.decode_tgt([h[0].tokens for h in hyps])
+                results[f"{key}_bleu"] = score(texts, refs)["bleu"]
+        for name, seconds in times.items():
+            key = f"{name}_{search}"
+            results[f"{key}_sentences_per_s"] = len(lines) / min(seconds)
+            results[f"{key}_tokens_per_s"] = results[f"{key}_tokens"] / min(seconds)
+    return results
+
+
+def print_results(r: dict) -> None:
+    rows = [("engine", "search", "sentences/s", "target tokens/s", "vs tf fp32", "BLEU")]
+    for search in ("greedy", "beam5"):
+        base = r[f"tf_fp32_{search}_sentences_per_s"]
+        for name in ("tf_fp32", "tf_int8", "ct2_float32", "ct2_int8"):
+            key = f"{name}_{search}"
+            rows.append(
+                (
+                    name,
+                    search,
+                    f"{r[f'{key}_sentences_per_s']:.1f}",
+                    f"{r[f'{key}_tokens_per_s']:,.0f}",
+                    f"{r[f'{key}_sentences_per_s'] / base:.2f}x",
+                    f"{r[f'{key}_bleu']:.2f}",
+                )
+            )
+    print_table(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, default=None)
+    parser.add_argument("--sentences", type=int, default=1000)
+    args = parser.parse_args()
+    print_results(run(args.run or default_run(), args.sentences))
+
+
+if __name__ == "__main__":
+    main()
