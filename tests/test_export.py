@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -92,6 +93,14 @@ def test_tf_translate_runs_an_exported_directory(sharp, ct2_dir):
     assert exported.exit_code == 0, exported.output
     assert exported.stdout == direct.stdout
     assert_user_error(tf("translate", ct2_dir, "--int8", input=text), "--quantization")
+
+
+def test_tf_eval_scores_an_exported_directory(sharp, ct2_dir, tiny_prefix):
+    common = ["--src", f"{tiny_prefix}.es", "--ref", f"{tiny_prefix}.en", "--greedy", "--json"]
+    common += ["--limit", "20"]
+    direct, exported = tf("eval", sharp, *common), tf("eval", ct2_dir, *common)
+    assert exported.exit_code == 0, exported.output
+    assert json.loads(exported.stdout)["bleu"] == json.loads(direct.stdout)["bleu"]
 
 
 def test_an_exported_directory_loads_without_tf(ct2_dir, hf_dir):
