@@ -7,6 +7,7 @@ hypotheses (ids, best first), so output formatting and scoring never depend on t
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,9 @@ def quantize_int8(model: Transformer, device: torch.device) -> Transformer:
     dynamic int8: weights stored in int8, activations quantized on the fly, CPU only."""
     if device.type != "cpu":
         raise InputError("--int8 runs on the CPU only (use --device cpu)")
-    return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    with warnings.catch_warnings():  # torch.ao's deprecation notices, not the user's business
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 
 
 def ctranslate2_engine(directory: Path, device: torch.device, overrides: list[str]) -> Engine:
