@@ -97,7 +97,7 @@ FIXED_ON_RESUME = (
     "data.tokenizer_type",
     "data.joint_vocab",
     "data.character_coverage",
-    "data.max_len",
+    "data.max_len",  # and data.max_len_ratio: the filters decide which pairs the batches hold
     "train.max_tokens",
     "train.max_sentences",
     "train.seed",
