@@ -10,8 +10,11 @@ RUN ?= runs/$(basename $(notdir $(CONFIG)))
 SRC ?= data/corpora/bible-es-en/test.es
 REF ?= data/corpora/bible-es-en/test.en
 BEAM ?= 5
+TEACHER ?= runs/small
+STUDENT_CONFIG ?= configs/student.yaml
+STUDENT ?= $(TEACHER)-student
 
-.PHONY: install test lint demo tokenizer train translate eval bench clean
+.PHONY: install test lint demo tokenizer train translate eval distill bench clean
 
 install: $(VENV)/.installed
 
@@ -50,6 +53,16 @@ eval: install
 		|| { rm -f $(RUN)/.eval.json.partial; exit 1; }
 	mv $(RUN)/.eval.json.partial $(RUN)/eval.json
 	cat $(RUN)/eval.json
+
+# Sequence-level knowledge distillation: the teacher translates its training sources, a student
+# trains on them with the teacher's tokenizer, then both are compared on the test set. Each step
+# is a plain `tf` command that resumes where a killed run stopped.
+distill: install
+	$(TF) distill $(TEACHER) --out $(TEACHER)/distilled --beam $(BEAM)
+	if [ -f $(STUDENT)/config.yaml ]; then $(TF) train --resume $(STUDENT); else \
+		$(TF) train $(STUDENT_CONFIG) --out $(STUDENT) --set data.train=$(TEACHER)/distilled/train \
+			--set data.tokenizer=$(TEACHER)/tokenizer; fi
+	$(TF) compare $(TEACHER) $(STUDENT) --src $(SRC) --ref $(REF)
 
 bench: install
 	$(BIN)/python -m benchmarks.run

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -87,10 +88,23 @@ def config_from_checkpoint(ckpt: dict[str, Any], path: Path) -> Config:
         raise CheckpointError(f"{path}: checkpoint config unreadable ({e})") from None
 
 
+def with_init(config: Config) -> Config:
+    """`config` with `train.init`'s model shapes and tokenizer (unchanged without `train.init`)."""
+    if not config.train.init:
+        return config
+    path, run = resolve_checkpoint(config.train.init)
+    init = config_from_checkpoint(load_checkpoint(path), path)
+    data = replace(config.data, tokenizer=str(run.tokenizer))
+    return replace(config, model=init.model, data=data)
+
+
 def build_model(config: Config, tokenizer: Tokenizer) -> Transformer:
-    return Transformer(
-        config.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id
-    )
+    try:
+        return Transformer(
+            config.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id
+        )
+    except ValueError as e:  # e.g. tie_embeddings "all" with a tokenizer of two vocabularies
+        raise ConfigError(f"{tokenizer.directory}: {e}") from None
 
 
 def load_for_inference(

@@ -43,6 +43,9 @@ class DataConfig:
     max_len_ratio: float = (
         3.0  # pairs whose longer side is more than this times the other are dropped
     )
+    # A trained tokenizer folder to use instead of training one (a distilled student uses its
+    # teacher's, RUN/tokenizer); the vocabulary settings above then do not apply.
+    tokenizer: str = ""
 
 
 @dataclass
@@ -51,6 +54,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False  # torch.compile the model
+    # A checkpoint whose weights start the run (fine-tuning, e.g. a `tf prune` output): its model
+    # shapes and its tokenizer replace the config's.
+    init: str = ""
     deterministic: bool = False  # torch.use_deterministic_algorithms, for bit-exact resume tests
     # Seconds a torchrun rank waits in a collective (NCCL's default is 10 minutes): the others
     # wait while rank 0 alone trains the tokenizer and encodes a large corpus.
@@ -288,7 +294,9 @@ def check_config(config: Config, source: str) -> Config:
         fail(f"data.max_len_ratio must be 1 or more, got {d.max_len_ratio}")
     if d.max_len >= m.max_positions:  # a target of max_len pieces is max_len + 1 with BOS
         fail(f"data.max_len {d.max_len} must be below model.max_positions {m.max_positions}")
-    if m.d_model % m.n_heads:
+    if m.d_head < 0:
+        fail(f"model.d_head must be 0 (d_model / n_heads) or more, got {m.d_head}")
+    if not m.d_head and m.d_model % m.n_heads:
         fail(f"model.d_model {m.d_model} is not divisible by model.n_heads {m.n_heads}")
     if m.d_model % 2:
         fail(f"model.d_model {m.d_model} must be even (sine and cosine positions in pairs)")

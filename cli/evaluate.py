@@ -9,14 +9,9 @@ from typing import Any
 
 from cli.device import pick_device
 from cli.engines import load_engine
-from cli.scoring import score
+from cli.scoring import check_parallel, score
 from data.errors import InputError
 from data.text import read_file_lines
-
-
-def check_parallel(src: Path, src_lines: list[str], ref: Path, ref_lines: list[str]) -> None:
-    if len(src_lines) != len(ref_lines):
-        raise InputError(f"{src} has {len(src_lines)} lines but {ref} has {len(ref_lines)}")
 
 
 def run_eval(

@@ -71,7 +71,7 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
         p = f"encoder.layers.{i}."
         _self_attention(layer.self_attention, weights, p + "self_attn.", p + "norm1.")
         _ffn(layer.ffn, weights, p, p + "norm2.")
-    D = c.d_model
+    inner = c.n_heads * (c.d_head or c.d_model // c.n_heads)  # rows of W_q: d_model unless pruned
     for i, layer in enumerate(spec.decoder.layer):
         p = f"decoder.layers.{i}."
         _self_attention(layer.self_attention, weights, p + "self_attn.", p + "norm1.")
@@ -80,8 +80,8 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
             weights[p + "multihead_attn.in_proj_weight"],
             weights[p + "multihead_attn.in_proj_bias"],
         )
-        _linear(cross.linear[0], w[:D], b[:D])  # queries from the decoder
-        _linear(cross.linear[1], w[D:], b[D:])  # keys and values from the encoder, fused
+        _linear(cross.linear[0], w[:inner], b[:inner])  # queries from the decoder
+        _linear(cross.linear[1], w[inner:], b[inner:])  # keys and values from the encoder, fused
         _linear(cross.linear[2], *_pair(weights, p + "multihead_attn.out_proj."))
         _norm(cross.layer_norm, weights, p + "norm2.")
         _ffn(layer.ffn, weights, p, p + "norm3.")

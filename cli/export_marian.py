@@ -43,6 +43,10 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, config: Config, out:
     c = model.config
     if c.norm_first:
         raise InputError("Marian is Post-LN only: a Pre-LN (norm_first) model cannot be exported")
+    if c.d_head and c.d_head * c.n_heads != c.d_model:
+        raise InputError(
+            "Marian's heads span d_model: a model with pruned heads cannot be exported"
+        )
     tie = c.tie_embeddings
     marian_config = MarianConfig(
         vocab_size=tokenizer.src_vocab_size,

@@ -115,8 +115,13 @@ def train(
     allow_config_change: Annotated[
         bool, typer.Option(help="Resume even though the config differs.")
     ] = False,
+    init: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Start from this checkpoint's weights and shapes (e.g. tf prune's)."),
+    ] = None,
 ) -> None:
     """Train a model (training the tokenizer first if the run has none)."""
+    from cli.checkpoint import with_init
     from cli.config import load_config
     from cli.run import RunDir, TrainingError, resume_config
     from cli.train import run_train
@@ -127,8 +132,8 @@ def train(
         return
     if config is None:
         raise TrainingError("tf train needs a CONFIG (e.g. configs/small.yaml) or --resume RUN")
-    cfg = load_config(config, set_ or [])
-    run_train(cfg, out or Path("runs") / Path(config).stem, resume=False, force=force)
+    cfg = load_config(config, (set_ or []) + ([f"train.init={init}"] if init else []))
+    run_train(with_init(cfg), out or Path("runs") / Path(config).stem, resume=False, force=force)
 
 
 @app.command()
@@ -220,6 +225,58 @@ def export(
     from cli.export import run_export
 
     typer.echo(run_export(run, to, output, quantization, force))
+
+
+@app.command()
+@user_errors
+def distill(
+    teacher: Annotated[
+        str, typer.Argument(help="Teacher run, checkpoint or exported CTranslate2 dir.")
+    ],
+    out: Annotated[Path, typer.Option(help="Folder for train.SRC, train.TGT, distill.json.")],
+    beam: Beam = None,
+    lenpen: Lenpen = None,
+    set_: DecodeSet = None,
+    device: Device = "auto",
+) -> None:
+    """Sequence-level distillation data: the teacher translates its training sources."""
+    from cli.decoding import decode_overrides
+    from cli.distill import run_distill
+
+    typer.echo(
+        run_distill(teacher, out, decode_overrides(beam, False, None, lenpen, set_ or []), device)
+    )
+
+
+@app.command()
+@user_errors
+def compare(
+    runs: Annotated[list[str], typer.Argument(help="Runs or exported CTranslate2 dirs.")],
+    src: Annotated[Path, typer.Option(help="Source text.")] = ...,
+    ref: Annotated[Path, typer.Option(help="Reference translations.")] = ...,
+    limit: Annotated[int, typer.Option(help="Only the first N lines (0: all).")] = 0,
+    device: Device = "auto",
+) -> None:
+    """Models side by side: parameters, BLEU/chrF at beam 5, beam-5 and greedy speed."""
+    from cli.compare import run_compare
+
+    if limit < 0:
+        raise InputError(f"--limit must be 0 (all) or more, got {limit}")
+    typer.echo(run_compare(runs, src, ref, device, limit))
+
+
+@app.command()
+@user_errors
+def prune(
+    run: Annotated[str, typer.Argument(help="Run directory or checkpoint file.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The pruned checkpoint.")] = ...,
+    heads: Annotated[int, typer.Option(help="Heads removed from every attention module.")] = 0,
+    ffn: Annotated[float, typer.Option(help="Fraction of feed-forward units removed.")] = 0.0,
+) -> None:
+    """Structured pruning: whole heads and FFN units of smallest norm, a smaller dense model."""
+    from cli.prune import run_prune
+
+    typer.echo(run_prune(run, output, heads, ffn))
 
 
 @app.command()

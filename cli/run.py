@@ -97,6 +97,7 @@ FIXED_ON_RESUME = (
     "data.tokenizer_type",
     "data.joint_vocab",
     "data.character_coverage",
+    "data.tokenizer",
     "data.max_len",  # and data.max_len_ratio: the filters decide which pairs the batches hold
     "train.max_tokens",
     "train.max_sentences",
@@ -165,6 +166,8 @@ def prepare_tokenizer(config: Config, run: RunDir, train_corpus, resume: bool) -
     A resumed run never retrains: its checkpoint's embeddings belong to its tokenizer, so a
     config asking for another one is an error naming both.
     """
+    if config.data.tokenizer:
+        return adopt_tokenizer(Path(config.data.tokenizer), run, resume)
     wanted = tokenizer_settings(config, train_corpus)
     if Tokenizer.found_in(run.tokenizer):
         found = read_tokenizer_settings(run.tokenizer)
@@ -186,6 +189,26 @@ def prepare_tokenizer(config: Config, run: RunDir, train_corpus, resume: bool) -
         len(train_corpus),
     )
     return train_tokenizer_for(config, train_corpus, run.tokenizer)
+
+
+def adopt_tokenizer(source: Path, run: RunDir, resume: bool) -> Tokenizer:
+    """`data.tokenizer`: a copy of the tokenizer in `source` becomes the run's own (so the run
+    directory stays self-contained); a resumed run must still have that same tokenizer."""
+    wanted = Tokenizer.load(source)
+    if Tokenizer.found_in(run.tokenizer):
+        have = Tokenizer.load(run.tokenizer)
+        if have.digest() == wanted.digest():
+            return have
+        if resume:
+            raise TrainingError(
+                f"{run.tokenizer}: is not the tokenizer in {source} (data.tokenizer)"
+            )
+    shutil.rmtree(run.tokenizer, ignore_errors=True)
+    run.tokenizer.mkdir(parents=True)
+    for path in wanted.model_paths():
+        shutil.copyfile(path, run.tokenizer / path.name)
+    log.info("using the tokenizer of %s", source)
+    return Tokenizer.load(run.tokenizer)
 
 
 def read_tokenizer_settings(directory: Path) -> dict[str, Any] | None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
+
+from data.errors import InputError
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
@@ -20,3 +23,8 @@ def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
         "bleu_detail": str(b),
         "sentences": len(hypotheses),
     }
+
+
+def check_parallel(src: Path, src_lines: list[str], ref: Path, ref_lines: list[str]) -> None:
+    if len(src_lines) != len(ref_lines):
+        raise InputError(f"{src} has {len(src_lines)} lines but {ref} has {len(ref_lines)}")

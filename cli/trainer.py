@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from cli import distributed
-from cli.checkpoint import FORMAT, build_model, load_checkpoint, save_copies
+from cli.checkpoint import FORMAT, build_model, load_checkpoint, resolve_checkpoint, save_copies
 from cli.config import Config
 from cli.decoding import translate_ids
 from cli.device import autocast_dtype, configure_device
@@ -90,6 +90,8 @@ class Trainer:
             self.tokenizer = prepare_tokenizer(config, run, train_corpus, resume)
             self.data = prepare_data(config, self.tokenizer, train_corpus, dd)
         self.model = build_model(config, self.tokenizer).to(self.device)
+        if t.init and not resume:  # fine-tuning: start from that checkpoint's weights
+            self.model.load_state_dict(load_checkpoint(resolve_checkpoint(t.init)[0])["model"])
         self.optimizer, self.scheduler = build_optimizer(
             self.model.parameters(), t, config.model.d_model, self.device
         )

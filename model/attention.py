@@ -63,16 +63,19 @@ def keep_mask(key_pad_mask: Tensor | None) -> Tensor | None:
 class MultiheadAttention(nn.Module):
     """Parameters and the attention itself, shared by self- and cross-attention."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
+    def __init__(self, d_model: int, n_heads: int, dropout: float, d_head: int = 0):
+        """d_head: the width of each head; 0 is the paper's d_model / n_heads. A pruned model
+        keeps its heads' width with fewer heads, so its H * d_head is below d_model."""
         super().__init__()
-        if d_model % n_heads != 0:
+        if not d_head and d_model % n_heads != 0:
             raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
         self.n_heads = n_heads
-        self.d_head = d_model // n_heads
+        self.d_head = d_head or d_model // n_heads
+        self.inner = n_heads * self.d_head  # H * d_head: d_model unless pruned
         self.dropout = dropout  # on the attention probabilities, as torch's
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * d_model, d_model))
-        self.in_proj_bias = nn.Parameter(torch.empty(3 * d_model))
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * self.inner, d_model))
+        self.in_proj_bias = nn.Parameter(torch.empty(3 * self.inner))
+        self.out_proj = nn.Linear(self.inner, d_model)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -154,15 +157,14 @@ class CrossAttention(MultiheadAttention):
 
     def project_memory(self, memory: Tensor) -> KVCache:
         """Keys and values of the memory, (B, S, D) -> (B, H, S, D/H) each: once per source."""
-        d_model = memory.size(-1)
-        kv = F.linear(memory, self.in_proj_weight[d_model:], self.in_proj_bias[d_model:])
+        kv = F.linear(memory, self.in_proj_weight[self.inner :], self.in_proj_bias[self.inner :])
         k, v = self._split_heads(kv, 2)  # (B, H, S, D/H) each
         return KVCache(k, v)
 
     def _project_query(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, H, T, D/H)."""
-        d_model = x.size(-1)
-        q = F.linear(x, self.in_proj_weight[:d_model], self.in_proj_bias[:d_model])  # (B, T, D)
+        w, b = self.in_proj_weight[: self.inner], self.in_proj_bias[: self.inner]
+        q = F.linear(x, w, b)  # (B, T, H * d_head)
         return self._split_heads(q, 1)[0]
 
     def forward(self, x: Tensor, memory_kv: KVCache, keep: Tensor | None) -> Tensor:

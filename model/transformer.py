@@ -34,13 +34,15 @@ class ModelConfig:
     activation_dropout: float = 0.1  # after the FFN ReLU (as torch)
     norm_first: bool = False  # Pre-LN option; Post-LN default
     tie_embeddings: Literal["none", "decoder", "all"] = "all"  # decoder: tgt embedding = generator
+    d_head: int = 0  # width of a head; 0: d_model / n_heads (a pruned model keeps its heads' width)
     max_positions: int = 1024
 
 
 def count_parameters(config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> int:
     """The number of parameters of `Transformer(config, src_vocab_size, tgt_vocab_size, pad)`."""
     D, F = config.d_model, config.d_ff
-    attention = 4 * D * D + 4 * D  # W_q, W_k, W_v, W_o and their biases
+    inner = config.n_heads * (config.d_head or D // config.n_heads)  # D unless pruned
+    attention = 4 * D * inner + 3 * inner + D  # W_q, W_k, W_v, W_o and their biases
     feed_forward = 2 * D * F + F + D
     layer_norm = 2 * D
     encoder_layer = attention + feed_forward + 2 * layer_norm
@@ -109,7 +111,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         D = config.d_model
-        self.self_attn = SelfAttention(D, config.n_heads, config.attention_dropout)
+        self.self_attn = SelfAttention(D, config.n_heads, config.attention_dropout, config.d_head)
         self.linear1 = nn.Linear(D, config.d_ff)
         self.dropout = nn.Dropout(config.activation_dropout)  # after the ReLU
         self.linear2 = nn.Linear(config.d_ff, D)
@@ -143,8 +145,10 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         D = config.d_model
-        self.self_attn = SelfAttention(D, config.n_heads, config.attention_dropout)
-        self.multihead_attn = CrossAttention(D, config.n_heads, config.attention_dropout)
+        self.self_attn = SelfAttention(D, config.n_heads, config.attention_dropout, config.d_head)
+        self.multihead_attn = CrossAttention(
+            D, config.n_heads, config.attention_dropout, config.d_head
+        )
         self.linear1 = nn.Linear(D, config.d_ff)
         self.dropout = nn.Dropout(config.activation_dropout)  # after the ReLU
         self.linear2 = nn.Linear(config.d_ff, D)
@@ -424,7 +428,8 @@ class Transformer(nn.Module):
         """
         N = memory.size(0)
         n_heads = self.config.n_heads
-        empty = memory.new_zeros(N, n_heads, 0, self.config.d_model // n_heads)  # (N, H, 0, D/H)
+        d_head = self.config.d_head or self.config.d_model // n_heads
+        empty = memory.new_zeros(N, n_heads, 0, d_head)  # (N, H, 0, d_head)
         return DecoderCache(
             self_attn=[KVCache(empty, empty) for _ in self.decoder.layers],
             cross_attn=self.decoder.project_memory(memory),

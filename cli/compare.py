@@ -1,0 +1,44 @@
+"""`tf compare`: models side by side on one test set, as a person choosing one would look at
+them: parameters, BLEU and chrF at beam 5, and beam-5 and greedy sentences per second."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from cli.device import pick_device
+from cli.engines import load_engine
+from cli.scoring import check_parallel, score
+from data.text import read_file_lines
+
+
+def run_compare(runs: list[str], src: Path, ref: Path, device_name: str, limit: int) -> str:
+    """The table, one row per run (or exported CTranslate2 directory)."""
+    sources, refs = read_file_lines(src), read_file_lines(ref)
+    check_parallel(src, sources, ref, refs)
+    if limit:
+        sources, refs = sources[:limit], refs[:limit]
+    device = pick_device(device_name)
+    rows = [("model", "parameters", "BLEU", "chrF", "beam-5 sent/s", "greedy sent/s")]
+    for run in runs:
+        speeds, scores = {}, {}
+        for name, beam in (("beam5", 5), ("greedy", 1)):
+            engine = load_engine(run, device, [f"decode.beam_size={beam}", "decode.nbest=1"])
+            start = time.perf_counter()
+            hyps = [h[0].tokens for _, h in engine.stream(sources, str(src))]
+            speeds[name] = len(sources) / (time.perf_counter() - start)
+            if name == "beam5":
+                scores = score(engine.tokenizer.decode_tgt(hyps), refs)
+        params = engine.model.num_parameters() if engine.model is not None else 0
+        rows.append(
+            (
+                run,
+                f"{params / 1e6:.2f}M" if params else "-",
+                f"{scores['bleu']:.2f}",
+                f"{scores['chrf']:.2f}",
+                f"{speeds['beam5']:.1f}",
+                f"{speeds['greedy']:.1f}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
