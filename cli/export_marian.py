@@ -48,6 +48,13 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, config: Config, out:
             "Marian's heads span d_model: a model with pruned heads cannot be exported"
         )
     tie = c.tie_embeddings
+    special = dict(
+        pad_token_id=tokenizer.pad_id,
+        bos_token_id=tokenizer.bos_id,
+        eos_token_id=tokenizer.eos_id,
+        forced_eos_token_id=tokenizer.eos_id,  # as our search: EOS forced at the length limit
+        decoder_start_token_id=tokenizer.bos_id,
+    )
     marian_config = MarianConfig(
         vocab_size=tokenizer.src_vocab_size,
         decoder_vocab_size=tokenizer.tgt_vocab_size,
@@ -66,11 +73,7 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, config: Config, out:
         dropout=c.dropout,
         attention_dropout=c.attention_dropout,
         activation_dropout=c.activation_dropout,
-        pad_token_id=tokenizer.pad_id,
-        bos_token_id=tokenizer.bos_id,
-        eos_token_id=tokenizer.eos_id,
-        forced_eos_token_id=tokenizer.eos_id,  # as our search: EOS forced at the length limit
-        decoder_start_token_id=tokenizer.bos_id,
+        **special,
     )
     marian = MarianMTModel(marian_config).eval()
     missing, unexpected = marian.load_state_dict(marian_weights(model), strict=False)
@@ -80,11 +83,7 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, config: Config, out:
     if unexpected or set(missing) - allowed:
         raise RuntimeError(f"weights that do not fit Marian: {unexpected or missing}")
     marian.generation_config = GenerationConfig(
-        decoder_start_token_id=tokenizer.bos_id,
-        bos_token_id=tokenizer.bos_id,
-        eos_token_id=tokenizer.eos_id,
-        forced_eos_token_id=tokenizer.eos_id,
-        pad_token_id=tokenizer.pad_id,
+        **special,
         max_length=min(c.max_positions, 512),
         num_beams=config.decode.beam_size,
         length_penalty=0.0,  # HF divides by len ** alpha, not GNMT's ((5 + len) / 6) ** alpha

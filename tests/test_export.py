@@ -44,20 +44,21 @@ def sharp(trained, tmp_path_factory) -> Path:
     return run
 
 
-@pytest.fixture(scope="module")
-def ct2_dir(sharp, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("export") / "ct2"
-    result = tf("export", sharp, "--to", "ctranslate2", "-o", out)
+def exported(run: Path, to: str, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export") / to
+    result = tf("export", run, "--to", to, "-o", out)
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture(scope="module")
+def ct2_dir(sharp, tmp_path_factory) -> Path:
+    return exported(sharp, "ctranslate2", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def hf_dir(sharp, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("export") / "hf"
-    result = tf("export", sharp, "--to", "huggingface", "-o", out)
-    assert result.exit_code == 0, result.output
-    return out
+    return exported(sharp, "huggingface", tmp_path_factory)
 
 
 def ours(trained, **decode) -> list[list[int]]:
