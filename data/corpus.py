@@ -137,6 +137,14 @@ def _load_lines(path: Path) -> datasets.Dataset:
     return ds
 
 
+def _check_text(path: Path) -> None:
+    """InputError at the first line of `path` that is not UTF-8, or for an empty file; one
+    streaming pass, nothing kept (the "json" builder reads the file itself)."""
+    with open_bytes(path) as f:
+        if sum(1 for _ in read_lines(f, str(path))) == 0:
+            raise InputError(f"{path}: the file is empty")
+
+
 def _file_lines(path: str, size: int, mtime: int):
     """Rows {"text": line} of a text file; `size` and `mtime` only key the cache."""
     with open_bytes(Path(path)) as f:
@@ -188,7 +196,7 @@ def _load_jsonl(path: Path, src_lang: str, tgt_lang: str) -> datasets.Dataset:
     When the builder fails, or what it read lacks a language, the file is scanned line by
     line to name the first bad line: the builder's own errors do not.
     """
-    _load_lines(path)  # names the first line that is not UTF-8, or an empty file
+    _check_text(path)
     problem = InputError(f"{path}: not a JSON Lines file of {src_lang}-{tgt_lang} pairs")
     # The builder logs its parse errors itself; ours below names the line instead.
     json_logger = logging.getLogger("datasets.packaged_modules.json.json")

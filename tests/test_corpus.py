@@ -341,3 +341,17 @@ def test_only_a_line_feed_ends_a_line_in_every_reader(tmp_path, inside):
     tsv = tmp_path / "mixed.tsv"
     tsv.write_text(f"uno{inside}dos\tone two\r\ntres\tthree\n", encoding="utf-8", newline="")
     assert load_corpus(str(tsv), "es", "en")["tgt"] == ["one two", "three"]
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (b"", "empty"),
+        (b'{"es": "a", "en": "b"}\n{"es": "\xff", "en": "c"}\n', ":2: not valid UTF-8"),
+    ],
+)
+def test_jsonl_empty_or_not_utf8_is_named(tmp_path, content, fragment):
+    (tmp_path / "c.jsonl").write_bytes(content)
+    with pytest.raises(InputError) as err:
+        load_corpus(str(tmp_path / "c.jsonl"), "es", "en")
+    assert_input_error(err, str(tmp_path / "c.jsonl"), fragment)
