@@ -7,6 +7,8 @@ Used by `tf translate`, `tf eval`, validation inside training and the benchmarks
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -25,6 +27,9 @@ from model.transformer import DecoderCache, Transformer
 log = logging.getLogger(__name__)
 
 CHUNK_LINES = 4096  # lines held in memory at once while streaming
+# Interactive input: a group of lines ends when no new line came for this long. Long enough
+# that a fast pipe still fills whole chunks, too short for a person to notice.
+ARRIVAL_WAIT = 0.05
 
 
 # How the decoder starts on a batch: (model, memory (B, S, D), src_pad_mask (B, S)) -> the
@@ -171,22 +176,48 @@ def chunks(lines: Iterable[str], size: int | None = None) -> Iterator[list[str]]
         yield chunk
 
 
-def translate_stream(
-    model: Transformer,
-    tokenizer: Tokenizer,
-    lines: Iterable[str],
-    decode: DecodeConfig,
-    device: torch.device,
-    source: str = "<stdin>",
-) -> Iterator[tuple[list[int], list[Hypothesis]]]:
-    """Yield (source ids as translated, hypotheses) for each input line, in order, chunk by
-    chunk; the ids are encoded and truncated once, here (`--attention` reuses them)."""
-    max_src = model.config.max_positions
-    first = 1
-    for chunk in chunks(lines):
-        src_ids = encode_sources(tokenizer, chunk, max_src, source, first)
-        yield from zip(src_ids, translate_ids(model, tokenizer, src_ids, decode, device))
-        first += len(chunk)
+def as_they_arrive(
+    lines: Iterable[str], size: int | None = None, wait: float | None = None
+) -> Iterator[list[str]]:
+    """Groups of the lines that arrived together, for a terminal or a slow pipe: a group ends
+    when `wait` seconds (default ARRIVAL_WAIT) pass without a new line, or at `size` lines
+    (default CHUNK_LINES), so each line typed is answered as soon as it is complete while a
+    fast pipe still gets whole chunks. A thread reads ahead; its errors are raised here."""
+    size, wait = size or CHUNK_LINES, ARRIVAL_WAIT if wait is None else wait
+    arrived: queue.Queue = queue.Queue(maxsize=size)
+    end = object()
+
+    def read() -> None:
+        try:
+            for line in lines:
+                arrived.put(line)
+        except Exception as err:  # noqa: BLE001 - handed to the consumer, which raises it
+            arrived.put(err)
+        arrived.put(end)
+
+    threading.Thread(target=read, daemon=True).start()  # daemon: Ctrl-C is not held up
+    group: list[str] = []
+    while True:
+        try:
+            item = arrived.get(timeout=wait) if group else arrived.get()
+        except queue.Empty:  # nothing more for now: answer what came
+            yield group
+            group = []
+            continue
+        if item is end:
+            break
+        if isinstance(item, Exception):
+            raise item
+        group.append(item)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+# How lines are grouped into what is translated at once: `chunks` or `as_they_arrive`.
+Grouping = Callable[[Iterable[str]], Iterable[list[str]]]
 
 
 def format_hypotheses(

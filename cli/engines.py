@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from cli.checkpoint import CheckpointError, load_for_inference
 from cli.config import Config, DecodeConfig, load_config, with_overrides
-from cli.decoding import chunks, encode_sources, translate_stream
+from cli.decoding import Grouping, chunks, encode_sources, translate_ids
 from cli.export_ctranslate2 import TF_CONFIG, is_ctranslate2_dir
 from data.errors import InputError
 from data.tokenizer import Tokenizer
@@ -24,14 +24,26 @@ from model.search import Hypothesis
 from model.transformer import Transformer
 
 Results = Iterator[tuple[list[int], list[Hypothesis]]]
+# (source ids, decode settings) -> each source's hypotheses, best first, in input order
+Search = Callable[[list[list[int]], DecodeConfig], list[list[Hypothesis]]]
 
 
 @dataclass
 class Engine:
     tokenizer: Tokenizer
     config: Config  # the run's, with the command line's decode overrides
-    stream: Callable[[Iterable[str], str], Results]  # (lines, source name) -> results
+    search: Search
     model: Transformer | None = None  # the PyTorch model, when that is the engine
+
+    def stream(self, lines: Iterable[str], source: str, group: Grouping = chunks) -> Results:
+        """(source ids as translated, hypotheses) for each input line, in order, group by group
+        (`chunks`, or `as_they_arrive` for interactive input), with the config's settings; the
+        ids are encoded and truncated once, here (`--attention` reuses them)."""
+        max_src, first = self.config.model.max_positions, 1
+        for chunk in group(lines):
+            src_ids = encode_sources(self.tokenizer, chunk, max_src, source, first)
+            yield from zip(src_ids, self.search(src_ids, self.config.decode))
+            first += len(chunk)
 
 
 def load_engine(run: str, device: torch.device, overrides: list[str], int8: bool = False) -> Engine:
@@ -45,10 +57,10 @@ def load_engine(run: str, device: torch.device, overrides: list[str], int8: bool
     if int8:
         model = quantize_int8(model, device)
 
-    def stream(lines: Iterable[str], source: str) -> Results:
-        return translate_stream(model, tokenizer, lines, config.decode, device, source)
+    def search(src_ids: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
+        return translate_ids(model, tokenizer, src_ids, decode, device)
 
-    return Engine(tokenizer, config, stream, model)
+    return Engine(tokenizer, config, search, model)
 
 
 def quantize_int8(model: Transformer, device: torch.device) -> Transformer:
@@ -73,16 +85,11 @@ def ctranslate2_engine(directory: Path, device: torch.device, overrides: list[st
         translator = ctranslate2.Translator(str(directory), device=device.type)
     except (RuntimeError, ValueError) as e:
         raise CheckpointError(f"{directory}: not a loadable CTranslate2 model ({e})") from None
-    max_src = config.model.max_positions
 
-    def stream(lines: Iterable[str], source: str) -> Results:
-        first = 1
-        for chunk in chunks(lines):
-            src_ids = encode_sources(tokenizer, chunk, max_src, source, first)
-            yield from zip(src_ids, translate_ids_ct2(translator, tokenizer, src_ids, config))
-            first += len(chunk)
+    def search(src_ids: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
+        return translate_ids_ct2(translator, tokenizer, src_ids, replace(config, decode=decode))
 
-    return Engine(tokenizer, config, stream)
+    return Engine(tokenizer, config, search)
 
 
 def translate_ids_ct2(

@@ -69,6 +69,9 @@ def user_errors(fn):
         except BrokenPipeError:  # `tf translate ... | head`
             sys.stderr.close()
             raise typer.Exit(0) from None
+        except KeyboardInterrupt:  # Ctrl-C (training saves first: see Trainer.handle_signals)
+            typer.echo("", err=True)
+            raise typer.Exit(130) from None
 
     return wrapper
 
@@ -207,6 +210,33 @@ def eval_(
         raise InputError(f"--limit must be 0 (all) or more, got {limit}")
     overrides = decode_overrides(beam, greedy, None, lenpen, set_ or [])
     typer.echo(run_eval(run, src, ref, hyp, overrides, device, limit, json, int8))
+
+
+@app.command()
+@user_errors
+def serve(
+    run: Annotated[
+        str, typer.Argument(help="Run directory, checkpoint file or exported CTranslate2 dir.")
+    ],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    beam: Beam = None,
+    set_: DecodeSet = None,
+    device: Device = "auto",
+    int8: Int8 = False,
+    max_lines: Annotated[int, typer.Option(help="Most sentences in one request.")] = 256,
+    max_wait: Annotated[
+        float, typer.Option(help="Milliseconds a batch waits for other requests to join.")
+    ] = 5.0,
+) -> None:
+    """Translate over HTTP: POST /translate {"text": [...], "beam": 5}, GET /health, a page at /."""
+    from cli.decoding import decode_overrides
+    from cli.serve import Limits, run_serve
+
+    if max_wait < 0:
+        raise InputError(f"--max-wait must be 0 or more, got {max_wait}")
+    overrides = decode_overrides(beam, False, None, None, set_ or [])
+    run_serve(run, host, port, overrides, device, int8, Limits(max_lines, max_wait / 1000))
 
 
 @app.command()

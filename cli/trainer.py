@@ -29,7 +29,7 @@ from cli.checkpoint import FORMAT, build_model, load_checkpoint, resolve_checkpo
 from cli.config import Config
 from cli.decoding import translate_ids
 from cli.device import autocast_dtype, configure_device
-from cli.optim import apply_settings, build_optimizer
+from cli.optim import apply_settings, budget_used, build_optimizer
 from cli.prefetch import training_batches
 from cli.run import (
     RunDir,
@@ -92,12 +92,12 @@ class Trainer:
         self.model = build_model(config, self.tokenizer).to(self.device)
         if t.init and not resume:  # fine-tuning: start from that checkpoint's weights
             self.model.load_state_dict(load_checkpoint(resolve_checkpoint(t.init)[0])["model"])
+        self.progress, self.epochs = Progress(), 0.0  # read by the budget schedules
         self.optimizer, self.scheduler = build_optimizer(
-            self.model.parameters(), t, config.model.d_model, self.device
+            self.model.parameters(), t, config.model.d_model, self.device, self.budget_used
         )
         self.dtype = autocast_dtype(t.precision, self.device)
         self.scaler = torch.amp.GradScaler(enabled=self.dtype == torch.float16)
-        self.progress = Progress()
         if resume:
             self.restore(run.checkpoints / "last.pt")
         else:
@@ -178,7 +178,14 @@ class Trainer:
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
-        apply_settings(self.optimizer, self.scheduler, self.config.train, self.config.model.d_model)
+        self.progress = Progress(**ckpt["progress"])  # the budget schedules read it
+        apply_settings(
+            self.optimizer,
+            self.scheduler,
+            self.config.train,
+            self.config.model.d_model,
+            self.budget_used,
+        )
         if self.scaler.is_enabled() and ckpt["scaler"]:  # empty when the run was not fp16
             self.scaler.load_state_dict(ckpt["scaler"])
         mine = ckpt["ranks"][self.dist.rank]
@@ -188,7 +195,6 @@ class Trainer:
             raise TrainingError(f"{path}: cannot continue its batches: {e}") from None
         set_rng_state(mine["rng"], self.device)
         self.start_batches()
-        self.progress = Progress(**ckpt["progress"])
         if self.dist.main:
             truncate_metrics(self.run.metrics, ckpt["step"])
         log.info("resumed from %s at step %d", path, ckpt["step"])
@@ -322,6 +328,11 @@ class Trainer:
     def epochs_done(self) -> float:
         """Training epochs completed, with the fraction of the current one."""
         return self.epochs
+
+    def budget_used(self, step: int) -> float:
+        """The fraction of the budget update `step` finds spent (for the linear and cosine
+        schedules): the clock is read at the end of the previous update."""
+        return budget_used(self.config.train, step, self.progress.elapsed, self.epochs_done())
 
     def budget_spent(self) -> str | None:
         """max_steps or max_epochs reached: the same answer on every rank at the same step."""

@@ -1,17 +1,22 @@
 """`tf translate`: raw text in, detokenised translations out (stdin/stdout or files).
 
 Input is read in chunks so that a large file streams with bounded memory; inside a chunk the
-sentences are sorted by length into batches and the output is put back in input order.
+sentences are sorted by length into batches and the output is put back in input order. Input
+that is no file (a terminal, a pipe) is translated as it arrives: each line, or each group of
+lines that came together, is answered as soon as it is complete, as fairseq-interactive does,
+with a prompt on a terminal.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cli.decoding import format_hypotheses
+from cli.decoding import as_they_arrive, chunks, format_hypotheses
 from cli.device import pick_device
 from cli.engines import load_engine
 from cli.files import atomic_output, check_output
@@ -53,7 +58,9 @@ def run_translate(
         prepare_attention(attention, config.model)
     source = str(input_path) if input_path else "<stdin>"
     raw = open(input_path, "rb") if input_path else sys.stdin.buffer  # noqa: SIM115
-    results = engine.stream(read_lines(raw, source), source)
+    prompt = start_prompt(raw, config.data.src_lang)
+    group = chunks if is_regular_file(raw) else as_they_arrive
+    results = engine.stream(read_lines(raw, source), source, group)
     if input_path and progress:
         results = tqdm(
             results,
@@ -72,10 +79,31 @@ def run_translate(
                 if attention is not None:
                     write_attention(engine.model, tokenizer, attention, n, src_ids, hyps[0].tokens)
                 if output_path is None:
-                    out.flush()  # stdout: show each translation as soon as its chunk is done
+                    out.flush()  # stdout: show each translation as soon as its group is done
+                if prompt:
+                    sys.stderr.write(prompt)
+                    sys.stderr.flush()
         finally:
             if input_path:
                 raw.close()
+
+
+def start_prompt(raw, src_lang: str) -> str:
+    """On a terminal: say how to use it and show the prompt, which is returned; else ""."""
+    if not (raw.isatty() and sys.stderr.isatty()):
+        return ""
+    prompt = f"{src_lang}> "
+    sys.stderr.write(f"Type a sentence and press Enter (Ctrl-D to end).\n{prompt}")
+    sys.stderr.flush()
+    return prompt
+
+
+def is_regular_file(stream) -> bool:
+    """True for a file on disk (read in whole chunks); False for a terminal, pipe or socket."""
+    try:
+        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (OSError, ValueError):  # no descriptor (a test's in-memory stream): read it whole
+        return True
 
 
 def count_lines(path: Path) -> int:

@@ -303,18 +303,19 @@ def test_gzip_corpus_and_jsonl_train(tmp_path, tiny_prefix):
 
 def test_streaming_in_chunks_changes_nothing(trained, tiny_prefix, monkeypatch):
     import cli.decoding as decoding
+    import cli.engines as engines
 
     lines = Path(f"{tiny_prefix}.es").read_text(encoding="utf-8").splitlines()[:7]
     text = "\n".join(lines) + "\n"
     whole = tf("translate", trained, "--greedy", input=text).stdout
     sizes = []
-    real_translate_ids = decoding.translate_ids
+    real_translate_ids = engines.translate_ids
 
     def counting(model, tokenizer, src_ids, *args, **kwargs):
         sizes.append(len(src_ids))
         return real_translate_ids(model, tokenizer, src_ids, *args, **kwargs)
 
-    monkeypatch.setattr(decoding, "translate_ids", counting)
+    monkeypatch.setattr(engines, "translate_ids", counting)
     monkeypatch.setattr(decoding, "CHUNK_LINES", 3)  # 7 lines -> chunks of 3, 3, 1
     assert tf("translate", trained, "--greedy", input=text).stdout == whole
     assert sizes == [3, 3, 1]  # the chunking really happened

@@ -14,6 +14,7 @@ COMMANDS = {
     "plot",
     "tokenizer",
     "export",
+    "serve",
 }  # + main, the app
 LONGEST_FUNCTION = 60
 
