@@ -3,8 +3,10 @@
     python -m benchmarks.run [--quick]
 
 Data pipeline (tokenizer, encoding, batching, padding efficiency); training throughput of
-`small` against the torch.nn.Transformer reference (alternating, fp32 and CPU bf16); decoding
-throughput of greedy and beam 5 against uncached decoding. Results: bench-out/bench.json.
+`small` against the torch.nn.Transformer reference (alternating, fp32 and CPU bf16), for one
+isolated step and for the `tf train` loop as launched; one attention's forward and backward
+per kernel; decoding throughput of greedy and beam 5 against uncached decoding and against
+CTranslate2 on the same model. Results: bench-out/bench.json.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ import time
 import datasets
 import torch
 
-from benchmarks import data_bench, decode_bench, engines_bench, train_bench
+from benchmarks import (
+    attention_bench,
+    data_bench,
+    decode_bench,
+    engines_bench,
+    loop_bench,
+    train_bench,
+)
 from benchmarks.common import OUT
 
 
@@ -44,6 +53,14 @@ def main() -> None:
     n_batches, repeats = (3, 2) if args.quick else (6, 3)
     results["train"] = train_bench.run("small", n_batches, repeats)
     train_bench.print_results(results["train"], ("fp32", "bf16"))
+
+    print("\n== the `tf train` loop as launched, vs the torch.nn.Transformer fp32 reference step")
+    results["loop"] = loop_bench.run("small", 60 if args.quick else 150)
+    loop_bench.print_results(results["loop"])
+
+    print("\n== one attention, forward + backward, CPU (64 x 4 heads x 36 positions)")
+    results["attention"] = attention_bench.run()
+    attention_bench.print_results(results["attention"])
 
     print("\n== decoding test.es with a trained `small`: KV cache vs full recomputation")
     sentences, uncached = (300, 60) if args.quick else (1000, 200)

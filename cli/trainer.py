@@ -63,6 +63,7 @@ class Progress:
     bad_steps: int = 0  # non-finite losses in a row
     best: float | None = None  # best validation metric so far
     evals_since_best: int = 0
+    oom_splits: int = 0  # updates retried on smaller batches after running out of memory
 
 
 class Trainer:
@@ -234,6 +235,37 @@ class Trainer:
         return batches
 
     def update(self, batches: list[Batch], stop: bool = False) -> dict[str, Any]:
+        """One optimiser update over `batches`; out of memory, the same update again over each
+        batch cut in halves (the loss is a sum over a constant divisor, so the update is the
+        same), until it fits or a batch is one sentence. Under DDP a rank cannot redo its
+        part of a collective alone: there the error stops the run, from its last checkpoint."""
+        while True:
+            try:
+                return self.update_once(batches, stop)
+            except torch.OutOfMemoryError:
+                self.optimizer.zero_grad(set_to_none=True)  # a half-done backward's gradients
+                if self.dist.active:
+                    raise TrainingError(
+                        f"step {self.progress.step + 1}: out of memory under torchrun; resume "
+                        "with a lower train.max_tokens (and a higher train.update_freq)"
+                    ) from None
+                if all(b.src.size(0) == 1 for b in batches):
+                    raise TrainingError(
+                        f"step {self.progress.step + 1}: out of memory on a single sentence; "
+                        "lower data.max_len"
+                    ) from None
+                batches = [half for b in batches for half in b.halves() if half.src.size(0)]
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                self.progress.oom_splits += 1
+                log.warning(
+                    "step %d: out of memory; retrying as %d smaller batches (%d splits so far)",
+                    self.progress.step + 1,
+                    len(batches),
+                    self.progress.oom_splits,
+                )
+
+    def update_once(self, batches: list[Batch], stop: bool = False) -> dict[str, Any]:
         """One optimiser update over `batches` (gradients summed).
 
         The loss is the mean over the real target tokens of all the batches on all ranks. The

@@ -51,6 +51,27 @@ class Batch:
         """(N,) the target ids at the real positions, in `tgt_index` order."""
         return self.tgt_out.reshape(-1).index_select(0, self.tgt_index)
 
+    def halves(self) -> tuple[Batch, Batch]:
+        """The first and the second half of the rows, each a batch of its own, on the same
+        device (an update that ran out of memory is retried on them: see Trainer.update)."""
+        cut = self.src.size(0) // 2
+
+        def part(rows: slice) -> Batch:
+            tgt_pad = self.tgt_pad_mask[rows]
+            return Batch(
+                src=self.src[rows],
+                tgt_in=self.tgt_in[rows],
+                tgt_out=self.tgt_out[rows],
+                src_pad_mask=self.src_pad_mask[rows],
+                tgt_pad_mask=tgt_pad,
+                n_src_tokens=int((~self.src_pad_mask[rows]).sum()),
+                n_tgt_tokens=int((~tgt_pad).sum()),
+                indices=self.indices[rows],
+                tgt_index=(~tgt_pad).reshape(-1).nonzero().squeeze(1),
+            )
+
+        return part(slice(0, cut)), part(slice(cut, None))
+
     def _map(self, fn) -> Batch:
         return replace(
             self,

@@ -11,7 +11,7 @@ import torch
 from cli.average import average_state_dicts, run_average
 from cli.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_atomic
 from cli.config import TrainConfig
-from cli.optim import build_optimizer, inverse_sqrt, noam
+from cli.optim import budget_decay, budget_used, build_optimizer, inverse_sqrt, noam
 
 
 def test_noam_matches_the_paper_formula():
@@ -29,6 +29,32 @@ def test_inverse_sqrt_warms_up_linearly_then_decays():
     assert inverse_sqrt(200, 400) == pytest.approx(0.5)
     assert inverse_sqrt(400, 400) == pytest.approx(1.0)
     assert inverse_sqrt(1600, 400) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("shape", ["linear", "cosine"])
+def test_budget_schedules_warm_up_then_end_at_zero_with_the_budget(shape):
+    train = TrainConfig(lr=1e-3, schedule=shape, warmup_steps=4, max_steps=20)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt, sched = build_optimizer([p], train, 16, torch.device("cpu"))
+    seen = []
+    for _ in range(20):
+        seen.append(opt.param_groups[0]["lr"] / 1e-3)
+        opt.step()
+        sched.step()
+    assert seen[:4] == pytest.approx([budget_decay(k, 4, k / 20, shape) for k in (1, 2, 3, 4)])
+    assert seen[0] < seen[1] < seen[2] < seen[3] and max(seen) == seen[3]  # warmup, then decay
+    assert all(a > b for a, b in zip(seen[3:], seen[4:]))
+    assert seen[-1] == pytest.approx(0.0)  # the last update, at step 20 of 20
+    assert budget_decay(10, 4, 0.5, shape) == pytest.approx(0.5)  # both shapes: half at half
+
+
+def test_the_budget_is_the_nearest_of_steps_epochs_and_time():
+    train = TrainConfig(max_steps=100, max_epochs=4, max_time=60.0)
+    assert budget_used(train, 10, 0.0, 0.0) == pytest.approx(0.1)
+    assert budget_used(train, 10, 30.0, 0.0) == pytest.approx(0.5)
+    assert budget_used(train, 10, 30.0, 3.0) == pytest.approx(0.75)
+    assert budget_used(TrainConfig(max_steps=0, max_time=0.0), 10**6, 1e6, 9.0) == 0.0
+    assert budget_used(train, 200, 0.0, 0.0) == 1.0
 
 
 def test_scheduler_gives_update_k_the_lr_of_step_k():

@@ -335,3 +335,46 @@ def test_the_attention_pass_runs_each_decoder_layer_once():
     with torch.no_grad():
         model.cross_attention(src, tgt_in, src_pad, tgt_pad)
     assert len(calls) == len(model.decoder.layers)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_half_precision_attention_equals_sdpa(causal):
+    """The written-out attention used under CPU autocast (torch's fused CPU kernel is 5x slower
+    there) computes what scaled_dot_product_attention does: values and gradients, with a
+    key-padding mask, the causal flag, and all-masked rows handled as `keep_mask` makes them."""
+    from model.attention import keep_mask, written_out_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 7, 8, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[1, 4:] = True
+    pad[2, :] = causal is False  # an all-padding row (keep_mask lets it see every key)
+    keep = keep_mask(pad)
+    ours = written_out_attention(q, k, v, keep, causal, 0.0)
+    ours.float().square().sum().backward()
+    mine = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    ref = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    theirs = F.scaled_dot_product_attention(*ref, attn_mask=keep, is_causal=causal)
+    theirs.square().sum().backward()
+    assert_close(ours.float(), theirs, atol=2e-2, rtol=2e-2)
+    for got, want in zip(mine, ref):
+        assert_close(got.float(), want.grad, atol=5e-2, rtol=5e-2)
+
+
+def test_training_under_cpu_autocast_takes_the_written_out_attention(monkeypatch):
+    import model.attention as attention
+
+    calls = []
+    real = attention.written_out_attention
+    monkeypatch.setattr(attention, "written_out_attention", lambda *a: calls.append(1) or real(*a))
+    model = tiny_model().train()
+    src, pad = padded_batch([5, 3], seed=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(src, src, pad, pad)
+    c = model.config
+    assert len(calls) == c.n_encoder_layers + 2 * c.n_decoder_layers  # self, self and cross
+    calls.clear()
+    model(src, src, pad, pad)  # fp32: SDPA's fused kernel
+    assert not calls

@@ -89,6 +89,21 @@ def test_an_unchanged_resume_keeps_the_schedule(tmp_path, tiny_prefix):
     assert resumed.lr() == first.lr() == pytest.approx(0.003 * inverse_sqrt(5, 10))
 
 
+def test_a_time_budget_schedule_follows_the_clock_and_resumes_from_it(tmp_path, tiny_prefix):
+    """schedule=linear with max_time: the lr of the next update is read off the run's elapsed
+    time, which a resumed run takes from the checkpoint (not from zero)."""
+    sets = ["train.schedule=linear", "train.warmup_steps=2", "train.max_time=1000"]
+    first = trained_run(tmp_path, tiny_prefix, *sets)
+    first.progress.elapsed = 500.0  # as if the 4 updates had taken half the budget
+    first.save(["last.pt"])
+    config = resume_config(first.run, None, ["train.max_steps=100000"], allow_changes=True)
+    resumed = Trainer(config, first.run, distributed.Dist(), cpu(), resume=True)
+    assert resumed.lr() == pytest.approx(0.003 * 0.5)  # warm, half the budget left
+    resumed.progress.elapsed = 750.0
+    resumed.update(resumed.next_batches())
+    assert resumed.lr() == pytest.approx(0.003 * 0.25)
+
+
 @pytest.mark.parametrize(
     "change, key",
     [

@@ -90,6 +90,49 @@ def test_accumulating_two_half_batches_equals_one_full_update(tmp_path, tiny_pre
     assert max(g.abs().max().item() for g in grads_full.values()) > 1e-2
 
 
+def test_an_update_out_of_memory_is_retried_on_halves_and_changes_nothing(
+    tmp_path, tiny_prefix, caplog
+):
+    """On CUDA a batch too large for the memory raises torch.OutOfMemoryError; stand-in here:
+    a forward hook raising it for batches over 3 sentences. The update is redone over halves
+    (then quarters) and equals the update over the whole batch."""
+    common = ("model.dropout=0.0", "train.clip_norm=0.0", "train.max_sentences=8")
+    whole = make_trainer(tmp_path / "a", tiny_prefix, *common)
+    split_up = make_trainer(tmp_path / "b", tiny_prefix, *common)
+    split_up.model.load_state_dict(whole.model.state_dict())
+    batch = whole.next_batches()[0]
+    assert batch.src.size(0) > 3
+    seen_rows = []
+
+    def memory_limit(module, args):
+        seen_rows.append(args[0].size(0))
+        if args[0].size(0) > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    split_up.model.register_forward_pre_hook(memory_limit)
+    grads_whole, grads_split = capture_gradients(whole), capture_gradients(split_up)
+    a = whole.update([batch])
+    with caplog.at_level("WARNING"):
+        b = split_up.update([batch])
+    assert a["tokens"] == b["tokens"] and a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    for name, g in grads_whole.items():
+        torch.testing.assert_close(grads_split[name], g, rtol=1e-4, atol=1e-7, msg=name)
+    assert max(seen_rows[-4:]) <= 3 and split_up.progress.oom_splits >= 1
+    assert "out of memory; retrying as" in caplog.text
+    assert split_up.progress.step == 0  # fit() counts the update, once
+
+
+def test_out_of_memory_on_one_sentence_is_a_clear_error(tmp_path, tiny_prefix):
+    trainer = make_trainer(tmp_path, tiny_prefix)
+
+    def no_memory(module, args):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    trainer.model.register_forward_pre_hook(no_memory)
+    with pytest.raises(TrainingError, match="out of memory on a single sentence"):
+        trainer.update(trainer.next_batches())
+
+
 def test_non_finite_loss_skips_the_update_then_stops(tmp_path, tiny_prefix, monkeypatch):
     trainer = make_trainer(
         tmp_path,
