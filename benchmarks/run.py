@@ -25,6 +25,7 @@ from benchmarks import (
     decode_bench,
     engines_bench,
     loop_bench,
+    scaling_bench,
     train_bench,
 )
 from benchmarks.common import OUT
@@ -72,6 +73,13 @@ def main() -> None:
     print("\n== the same model and sentences through each engine: tf fp32/int8, CTranslate2")
     results["engines"] = engines_bench.run(run_dir, sentences)
     engines_bench.print_results(results["engines"])
+
+    print("\n== cost as work grows: training tiny -> small -> base; decoding by source length")
+    results["scaling"] = {
+        "train": scaling_bench.training(),
+        "decode": scaling_bench.decoding(run_dir, 20 if args.quick else 40),
+    }
+    scaling_bench.print_results(results["scaling"]["train"], results["scaling"]["decode"])
 
     results["seconds"] = time.perf_counter() - started
     OUT.mkdir(exist_ok=True)

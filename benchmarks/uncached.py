@@ -19,7 +19,7 @@ class PrefixState:
     src_pad_mask: Tensor  # (N, S) True = padding
     tokens: Tensor  # (N, t) tokens fed so far
 
-    def reorder(self, index: Tensor) -> PrefixState:
+    def reorder(self, index: Tensor, group: int = 1) -> PrefixState:
         """Row i of the result is row index[i] of this state; index (N',) long."""
         return PrefixState(
             memory=self.memory.index_select(0, index),

@@ -91,8 +91,8 @@ def search_batch(
     def step(tokens: Tensor, state: DecoderCache) -> tuple[Tensor, DecoderCache]:
         return F.log_softmax(decode_step(tokens, state).float(), dim=-1), state
 
-    def reorder(state: DecoderCache, index: Tensor) -> DecoderCache:
-        return state.reorder(index)
+    def reorder(state: DecoderCache, index: Tensor, group: int) -> DecoderCache:
+        return state.reorder(index, group)
 
     common = dict(
         batch_size=batch.src.size(0),

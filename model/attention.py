@@ -66,7 +66,8 @@ def written_out_attention(
     """What `scaled_dot_product_attention` computes, as two half-precision matmuls around a
     float32 softmax, for CPU autocast: there torch's fused kernel (flash) took 30 ms for the
     forward and backward of one (64, 4, 36, 64) bf16 attention, its math backend 11 ms, this
-    6 ms (benchmarks/attention_bench.py); it was a fifth of a bf16 training update."""
+    6 ms (benchmarks/attention_bench.py); it was a fifth of a bf16 training update. (In fp32
+    the fused kernel is the faster, in training and in decoding steps alike.)"""
     scores = (q * q.size(-1) ** -0.5) @ k.transpose(-2, -1)  # (B, H, T, S)
     if is_causal:  # SDPA's convention: query i sees keys 0..i
         T, S = scores.shape[-2:]
@@ -194,15 +195,21 @@ class CrossAttention(MultiheadAttention):
         """Attend from x to the memory.
 
         Args:
-            x: (B, T, D) decoder states.
+            x: (B, T, D) decoder states, or (g B, T, D) while decoding: the g hypotheses
+                (beams) of each sentence, in consecutive rows, share its keys and values.
             memory_kv: from `project_memory`, (B, H, S, D/H) each.
             keep: (B, 1, 1, S) from `keep_mask` of the source padding, or None.
 
         Returns:
-            (B, T, D)
+            x's shape.
         """
+        N, T, _ = x.shape
+        B = memory_kv.keys.size(0)
+        if N != B:  # a sentence's beams are more queries of one attention: no copied keys
+            x = x.reshape(B, N // B * T, x.size(-1))
         q = self._project_query(x)
-        return self._attend(q, memory_kv.keys, memory_kv.values, keep)
+        out = self._attend(q, memory_kv.keys, memory_kv.values, keep)
+        return out.reshape(N, T, out.size(-1))
 
     def forward_with_probabilities(
         self, x: Tensor, memory_kv: KVCache, keep: Tensor | None

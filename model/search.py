@@ -4,8 +4,9 @@ Search knows nothing of the model or of text (as flax's examples/wmt/decode.py).
 
     step(tokens, state) -> (log_probs, state)
         tokens (N,) long, the last token of each row (BOS first); log_probs (N, V), normalised.
-    reorder(state, index) -> state
-        index (N',) long: row i of the new state is row index[i] of the old one.
+    reorder(state, index, group) -> state
+        index (N',) long: row i of the new state is row index[i] of the old one; the new rows
+        come in groups of `group` consecutive rows (a sentence's beams), sentences in order.
 
 A row is one hypothesis. Both searches are batched over B sentences: the first step sees one row
 per sentence, so `state` starts with B rows, and beam search's first reorder expands each to its
@@ -33,7 +34,7 @@ from torch import Tensor
 
 State = TypeVar("State")
 StepFn = Callable[[Tensor, State], tuple[Tensor, State]]
-ReorderFn = Callable[[State, Tensor], State]
+ReorderFn = Callable[[State, Tensor, int], State]
 
 
 @dataclass
@@ -146,7 +147,7 @@ def greedy_search(
             if all(host_ended):
                 break
             live = _index_on([i for i, e in enumerate(host_ended) if not e], tokens.device)
-            state = reorder(state, live)
+            state = reorder(state, live, 1)
             beams, tokens, sum_log_probs = beams.take(live), tokens[live], sum_log_probs[live]
         beams = beams.extend(tokens, sum_log_probs)
     return results  # type: ignore[return-value]  # every sentence ends by its max length
@@ -232,7 +233,7 @@ def beam_search(
         index = rows.gather(1, live).index_select(0, keep_index).flatten()  # (B'' k',)
         tokens = words.gather(1, live).index_select(0, keep_index).flatten()  # (B'' k',)
         beams = beams.take(index).extend(tokens, live_scores.index_select(0, keep_index).flatten())
-        state = reorder(state, index)
+        state = reorder(state, index, k_next)
         k = k_next
     return finished
 

@@ -278,17 +278,29 @@ class DecoderCache:
     """What `Transformer.decode_step` keeps between steps, for N rows (sentences x beams)."""
 
     self_attn: list[KVCache]  # per layer, the fed tokens' keys/values, (N, H, t, D/H) each
-    cross_attn: list[KVCache]  # per layer, the source's keys/values, (N, H, S, D/H) each
-    src_keep: Tensor | None  # (N, 1, 1, S) from `keep_mask`, built once per cache
+    # Per layer, the source's keys/values, (B, H, S, D/H) each, once per sentence: its N / B
+    # rows (beams) share them (see CrossAttention.forward), so a beam reorder copies nothing.
+    cross_attn: list[KVCache]
+    src_keep: Tensor | None  # (B, 1, 1, S) from `keep_mask`, built once per cache
     step: int = 0  # tokens fed so far = position of the next one
+    group: int = 1  # rows per sentence: N = group * B
 
-    def reorder(self, index: Tensor) -> DecoderCache:
-        """Row i of the result is row index[i] of this cache; index (N',) long."""
+    def reorder(self, index: Tensor, group: int = 1) -> DecoderCache:
+        """Row i of the result is row index[i] of this cache; index (N',) long. The new rows
+        come in `group`s of consecutive rows of one sentence, the sentences in their order
+        (as both searches keep them): a sentence's keys and values move only when sentences
+        leave."""
+        cross, keep = self.cross_attn, self.src_keep
+        if index.numel() // group != cross[0].keys.size(0):  # some sentences left (or split)
+            sentences = index[::group] // self.group  # the old sentence of each new group
+            cross = [kv.reorder(sentences) for kv in cross]
+            keep = None if keep is None else keep.index_select(0, sentences)
         return DecoderCache(
             self_attn=[kv.reorder(index) for kv in self.self_attn],
-            cross_attn=[kv.reorder(index) for kv in self.cross_attn],
-            src_keep=None if self.src_keep is None else self.src_keep.index_select(0, index),
+            cross_attn=cross,
+            src_keep=keep,
             step=self.step,
+            group=group,
         )
 
 

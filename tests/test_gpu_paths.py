@@ -156,10 +156,10 @@ def test_one_host_sync_per_search_step(monkeypatch, search):
     with counter:
         if search == "beam":
             beam_search(
-                counting_step, None, lambda s, i: s, beam_size=4, length_penalty=0.6, **common
+                counting_step, None, lambda s, i, g: s, beam_size=4, length_penalty=0.6, **common
             )
         else:
-            greedy_search(counting_step, None, lambda s, i: s, **common)
+            greedy_search(counting_step, None, lambda s, i, g: s, **common)
     between = [b - a for a, b in zip(per_step, per_step[1:])]
     assert between[1:-1] and set(between[1:-1]) == {1}, between  # steps where nothing ends
 

@@ -154,6 +154,34 @@ def test_cached_decoding_after_reorder():
     assert_close(torch.stack(after, 1), full[:, 2:], atol=1e-5, rtol=1e-5)
 
 
+def test_beams_share_their_sentence_keys_and_values():
+    """Each sentence's rows (beams) attend to its one copy of the source keys and values: a
+    reorder within sentences copies none, one that drops a sentence drops its copy, and the
+    logits equal decoding each row on its own."""
+    model = tiny_model()
+    src, src_pad, tgt_in, _ = batch()  # 3 sentences
+    with torch.no_grad():
+        memory = model.encode(src, src_pad)
+        cache = model.init_cache(memory, src_pad)
+        model.decode_step(tgt_in[:, 0], cache)
+        beams = torch.tensor([0, 0, 1, 1, 2, 2])  # two beams each
+        expanded = cache.reorder(beams, group=2)
+        assert expanded.cross_attn[0].keys is cache.cross_attn[0].keys  # nothing copied
+        rows = tgt_in[beams]
+        steps = [model.decode_step(rows[:, 1], expanded)]
+        dropped = torch.tensor([3, 2, 5, 4])  # sentence 0 leaves; beams swap places
+        fewer = expanded.reorder(dropped, group=2)
+        assert fewer.cross_attn[0].keys.size(0) == 2
+        rows = rows[dropped]
+        steps.append(model.decode_step(rows[:, 2], fewer))
+        full = model.project(
+            model.decode(rows, memory[beams][dropped], src_pad[beams][dropped], None)
+        )
+    assert_close(steps[1], full[:, 2], atol=1e-5, rtol=1e-5)
+    full_first = model.project(model.decode(tgt_in[beams], memory[beams], src_pad[beams], None))
+    assert_close(steps[0], full_first[:, 1], atol=1e-5, rtol=1e-5)
+
+
 def test_decode_step_under_bfloat16_autocast():
     model = tiny_model()
     src, src_pad, tgt_in, _ = batch()
@@ -247,7 +275,7 @@ def test_greedy_decode_matches_torch_reference_token_for_token():
         hyps = greedy_search(
             lambda tokens, c: (F.log_softmax(model.decode_step(tokens, c), -1), c),
             cache,
-            lambda c, index: c.reorder(index),
+            lambda c, index, group: c.reorder(index, group),
             batch_size=src.size(0),
             bos_id=BOS,
             eos_id=EOS,

@@ -20,7 +20,7 @@ PAD, BOS, EOS = 0, 2, 3
 # -- hand-written step functions: the state is (N, 1 + t) long, the sentence id then the tokens fed
 
 
-def reorder_rows(state: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def reorder_rows(state: torch.Tensor, index: torch.Tensor, group: int) -> torch.Tensor:
     return state[index]
 
 
@@ -225,7 +225,7 @@ def test_beams_are_expanded_and_finished_sentences_dropped_by_reorder():
 
     indices = []
 
-    def reorder(state, index):
+    def reorder(state, index, group):
         indices.append(index)
         return state[index]
 
@@ -274,10 +274,10 @@ def model_search(model: Transformer, cached: bool, beam_size: int | None, **opti
 
     common = dict(batch_size=5, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([9, 4, 8, 2, 6]))
     if beam_size is None:
-        return greedy_search(step, state, lambda s, i: s.reorder(i), **common, **options)
+        return greedy_search(step, state, lambda s, i, g: s.reorder(i, g), **common, **options)
     options = {"length_penalty": 0.6, **options}  # the config's default, unless given
     return beam_search(
-        step, state, lambda s, i: s.reorder(i), beam_size=beam_size, **common, **options
+        step, state, lambda s, i, g: s.reorder(i, g), beam_size=beam_size, **common, **options
     )
 
 
