@@ -72,7 +72,8 @@ class TrainConfig:
     # Optimiser: Adam(0.9, 0.98, eps 1e-9) as in the paper, section 5.3.
     lr: float = 1.0  # noam: a multiplier of d_model^-0.5 * min(...); the others: the peak
     # linear/cosine: warm up, then decay to 0 when the nearest of max_steps, max_epochs and
-    # max_time is reached (with max_time the lr follows the clock, so reruns differ slightly).
+    # max_time is reached (with max_time the lr follows the clock, so reruns differ slightly;
+    # with none of them set it stays at the peak).
     schedule: Literal["noam", "inverse_sqrt", "linear", "cosine"] = "noam"
     warmup_steps: int = 4000
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])

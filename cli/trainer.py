@@ -93,7 +93,8 @@ class Trainer:
         self.model = build_model(config, self.tokenizer).to(self.device)
         if t.init and not resume:  # fine-tuning: start from that checkpoint's weights
             self.model.load_state_dict(load_checkpoint(resolve_checkpoint(t.init)[0])["model"])
-        self.progress, self.epochs = Progress(), 0.0  # read by the budget schedules
+        # Read by the budget schedules; `clock` is the main rank's elapsed time (see update).
+        self.progress, self.epochs, self.clock = Progress(), 0.0, 0.0
         self.optimizer, self.scheduler = build_optimizer(
             self.model.parameters(), t, config.model.d_model, self.device, self.budget_used
         )
@@ -180,6 +181,7 @@ class Trainer:
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.progress = Progress(**ckpt["progress"])  # the budget schedules read it
+        self.clock = self.progress.elapsed
         apply_settings(
             self.optimizer,
             self.scheduler,
@@ -291,12 +293,14 @@ class Trainer:
                 loss, nll = self.loss_of(batch)
                 self.scaler.scale(loss / divisor).backward()
             sums += torch.stack([loss.detach(), nll.detach()])
-        counts = [sum(b.n_tgt_tokens for b in batches), float(stop)]
-        stats = distributed.sum_with_counts(self.dist, sums, counts)  # (4,) on the device
+        # The main rank's clock goes along (others add 0): every rank, one time-budgeted lr.
+        clock = self.progress.elapsed if self.dist.main else 0.0
+        counts = [sum(b.n_tgt_tokens for b in batches), float(stop), clock]
+        stats = distributed.sum_with_counts(self.dist, sums, counts)  # (5,) on the device
         self.scaler.unscale_(self.optimizer)  # fp16 only; records inf gradients for update()
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads)  # the same on every rank after DDP
-        loss_sum, nll_sum, tokens, stops, raw_norm = torch.cat(
+        loss_sum, nll_sum, tokens, stops, self.clock, raw_norm = torch.cat(
             [stats, grad_norm[None].to(stats)]
         ).tolist()
         # DDP averaged the ranks' gradients of loss / divisor: this makes them the gradient of
@@ -363,8 +367,8 @@ class Trainer:
 
     def budget_used(self, step: int) -> float:
         """The fraction of the budget update `step` finds spent (for the linear and cosine
-        schedules): the clock is read at the end of the previous update."""
-        return budget_used(self.config.train, step, self.progress.elapsed, self.epochs_done())
+        schedules), by the main rank's clock as the previous update left it."""
+        return budget_used(self.config.train, step, self.clock, self.epochs_done())
 
     def budget_spent(self) -> str | None:
         """max_steps or max_epochs reached: the same answer on every rank at the same step."""

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -39,7 +40,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_trainer(rank: int, world_size: int, port: int, prefix: str, run: str):
+def rank_trainer(rank: int, world_size: int, port: int, prefix: str, run: str, *sets: str):
     """This rank's process group and trainer, as `tf train` builds them under torchrun."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -48,7 +49,7 @@ def rank_trainer(rank: int, world_size: int, port: int, prefix: str, run: str):
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
     )
-    config = load_config("tiny", [f"data.train={prefix}", f"data.dev={prefix}", *COMMON])
+    config = load_config("tiny", [f"data.train={prefix}", f"data.dev={prefix}", *COMMON, *sets])
     dd, device = distributed.init("cpu")
     if dd.main:
         start_run(config, Path(run), force=True)
@@ -184,6 +185,26 @@ def nan_on_one_rank(rank: int, world_size: int, port: int, prefix: str, run: str
             Path(run, f"stopped_{rank}").touch()
     finally:
         distributed.shutdown(dd)
+
+
+def clocks_apart(rank: int, world_size: int, port: int, prefix: str, run: str) -> None:
+    """Each rank's clock says something else; the lr they step with must not."""
+    sets = ("train.schedule=linear", "train.warmup_steps=1", "train.max_time=1000")
+    sets += ("train.max_steps=0",)  # the clock is the only budget
+    dd, trainer = rank_trainer(rank, world_size, port, prefix, run, *sets)
+    try:
+        trainer.progress.elapsed = 300.0 if rank == 0 else 400.0
+        trainer.update(trainer.next_batches())
+        Path(run, f"lr_{rank}").write_text(repr(trainer.lr()))
+    finally:
+        distributed.shutdown(dd)
+
+
+def test_a_time_budget_schedule_gives_every_rank_the_main_ranks_lr(tmp_path, tiny_prefix):
+    run = tmp_path / "run"
+    mp.spawn(clocks_apart, (2, free_port(), tiny_prefix, str(run)), nprocs=2)
+    lrs = [float(Path(run, f"lr_{rank}").read_text()) for rank in (0, 1)]
+    assert lrs[0] == lrs[1] == pytest.approx(0.003 * (1 - 300 / 1000))
 
 
 def test_a_non_finite_check_on_one_rank_stops_every_rank(tmp_path, tiny_prefix):
