@@ -58,10 +58,9 @@ def decoding(run_dir: Path, per_bucket: int = 40) -> dict:
             start = time.perf_counter()
             hyps = translate_ids(model, tokenizer, bucket, decode, torch.device("cpu"))
             seconds = time.perf_counter() - start
-            out = sum(len(h[0].tokens) + 1 for h in hyps) / len(bucket)
-            results[f"{low}-{high}"] = results.get(f"{low}-{high}", {"sentences": len(bucket)})
-            results[f"{low}-{high}"][f"{name}_ms"] = seconds / len(bucket) * 1000
-            results[f"{low}-{high}"][f"{name}_out_tokens"] = out
+            row = results.setdefault(f"{low}-{high}", {"sentences": len(bucket)})
+            row[f"{name}_ms"] = seconds / len(bucket) * 1000
+            row[f"{name}_out_tokens"] = sum(len(h[0].tokens) + 1 for h in hyps) / len(bucket)
     return results
 
 
