@@ -69,7 +69,7 @@ def user_errors(fn):
         except BrokenPipeError:  # `tf translate ... | head`
             sys.stderr.close()
             raise typer.Exit(0) from None
-        except KeyboardInterrupt:  # Ctrl-C (training saves first: see Trainer.handle_signals)
+        except KeyboardInterrupt:  # Ctrl-C (training saves first: see Trainer.signals_stop)
             typer.echo("", err=True)
             raise typer.Exit(130) from None
 

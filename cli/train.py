@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from pathlib import Path
+
+import torch
 
 from cli import distributed
 from cli.config import Config, save_config
@@ -17,37 +20,48 @@ def run_train(config: Config, out: Path, resume: bool, force: bool = False) -> s
     """The `tf train` command; returns why training stopped."""
     dd, device = distributed.init(config.train.device, config.train.dist_timeout)
     try:
-        run = RunDir(out)
-        if resume and not (run.checkpoints / "last.pt").is_file():
-            # Killed before its first checkpoint: "kill, then --resume" still works.
-            log.info("%s: no checkpoint yet; starting the run from update 0 with its config", out)
-            resume = False
-            if dd.main:
-                run.metrics.unlink(missing_ok=True)  # records of the killed session's updates
-        if dd.main:
-            if resume:
-                save_config(config, run.config)
-            else:
-                start_run(config, out, force)
+        reason = _train(config, out, resume, force, dd, device)
+        # The trainer (its DDP reducer, its memory-mapped Arrow tables) is gone by now, and no
+        # rank leaves while another still writes its last checkpoint: a rank tearing its
+        # process group down early has aborted at exit ("terminate called without an active
+        # exception") while rank 0 was saving.
+        gc.collect()
         distributed.barrier(dd)
-        trainer = Trainer(config, run, dd, device, resume=resume)
-        trainer.handle_signals()
-        if dd.main:
-            c = trainer.data.counts
-            log.info("%s: %s", config.data.train, ", ".join(f"{k} {v}" for k, v in c.items()))
-            log.info(
-                "model: %.2fM parameters on %s, autocast %s",
-                trainer.model.num_parameters() / 1e6,
-                device,
-                trainer.dtype or "off",
-            )
-        reason = trainer.fit()
-        log.info(
-            "stopped (%s) at step %d; checkpoints in %s",
-            reason,
-            trainer.progress.step,
-            run.checkpoints,
-        )
         return reason
     finally:
         distributed.shutdown(dd)
+
+
+def _train(
+    config: Config, out: Path, resume: bool, force: bool, dd: distributed.Dist, device: torch.device
+) -> str:
+    """Start or resume the run in `out` and train it to the end; returns why it stopped."""
+    run = RunDir(out)
+    if resume and not (run.checkpoints / "last.pt").is_file():
+        # Killed before its first checkpoint: "kill, then --resume" still works.
+        log.info("%s: no checkpoint yet; starting the run from update 0 with its config", out)
+        resume = False
+        if dd.main:
+            run.metrics.unlink(missing_ok=True)  # records of the killed session's updates
+    if dd.main:
+        if resume:
+            save_config(config, run.config)
+        else:
+            start_run(config, out, force)
+    distributed.barrier(dd)
+    trainer = Trainer(config, run, dd, device, resume=resume)
+    if dd.main:
+        c = trainer.data.counts
+        log.info("%s: %s", config.data.train, ", ".join(f"{k} {v}" for k, v in c.items()))
+        log.info(
+            "model: %.2fM parameters on %s, autocast %s",
+            trainer.model.num_parameters() / 1e6,
+            device,
+            trainer.dtype or "off",
+        )
+    with trainer.signals_stop():
+        reason = trainer.fit()
+    log.info(
+        "stopped (%s) at step %d; checkpoints in %s", reason, trainer.progress.step, run.checkpoints
+    )
+    return reason

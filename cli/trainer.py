@@ -15,7 +15,8 @@ import random
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -543,8 +544,10 @@ class Trainer:
             disable=None,
         )  # None: off when stderr is no terminal
 
-    def handle_signals(self) -> None:
-        """SIGINT/SIGTERM finish the current update, save last.pt and exit cleanly."""
+    @contextmanager
+    def signals_stop(self) -> Iterator[None]:
+        """Inside the block SIGINT/SIGTERM finish the current update, save last.pt and exit
+        cleanly; the previous handlers come back after it (they would keep the trainer alive)."""
 
         def request_stop(signum, frame):
             if self.stop_requested:  # a second signal: stop now
@@ -552,5 +555,9 @@ class Trainer:
             log.warning("%s: saving a checkpoint, then stopping", signal.Signals(signum).name)
             self.stop_requested = True
 
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, request_stop)
+        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, signal.SIG_DFL if handler is None else handler)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import signal
 import subprocess
@@ -262,6 +263,24 @@ def test_a_new_run_never_overwrites_an_old_one(tmp_path, tiny_prefix):
     with pytest.raises(TrainingError, match="already holds a run"):
         run_train(config, tmp_path / "run", resume=False)
     assert (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes() == before
+
+
+def test_after_training_the_trainer_is_released_and_the_signal_handlers_restored(
+    tmp_path, tiny_prefix
+):
+    """Nothing of the run outlives `run_train` (the process group is torn down after it, and a
+    handler left behind would keep the trainer, its model and data alive and swallow Ctrl-C)."""
+
+    def trainers() -> int:
+        gc.collect()
+        return sum(type(o) is Trainer for o in gc.get_objects())
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    alive = trainers()
+    config = tiny_config(tiny_prefix, "train.max_steps=2", "train.eval_every=0")
+    run_train(config, tmp_path / "run", resume=False)
+    assert {s: signal.getsignal(s) for s in before} == before
+    assert trainers() == alive
 
 
 def test_a_nan_gradient_with_a_finite_loss_is_skipped(tmp_path, tiny_prefix):
