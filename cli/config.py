@@ -81,6 +81,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip_norm: float = 0.0  # 0 disables gradient clipping
     label_smoothing: float = 0.1
+    # 0: off. Else the weights of record (validated, kept as best.pt, translated, exported) are
+    # an exponential moving average of the trained ones with this decay (see cli/ema.py); the
+    # checkpoints keep the trained weights too, to resume from.
+    ema_decay: float = 0.0
     max_bad_steps: int = 5  # stop after this many non-finite losses in a row
     # Logging, validation, checkpoints (in updates).
     log_every: int = 100
@@ -268,7 +272,8 @@ NON_NEGATIVE = (
     "decode.max_len_a decode.max_len_b decode.min_len decode.no_repeat_ngram_size"
 ).split()
 FRACTIONS = (  # in [0, 1)
-    "model.dropout model.attention_dropout model.activation_dropout train.label_smoothing"
+    "model.dropout model.attention_dropout model.activation_dropout train.label_smoothing "
+    "train.ema_decay"
 ).split()
 
 

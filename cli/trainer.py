@@ -30,6 +30,7 @@ from cli.checkpoint import FORMAT, build_model, load_checkpoint, resolve_checkpo
 from cli.config import Config
 from cli.decoding import translate_ids
 from cli.device import autocast_dtype, configure_device
+from cli.ema import WeightAverage
 from cli.optim import apply_settings, budget_used, build_optimizer
 from cli.prefetch import training_batches
 from cli.run import (
@@ -94,6 +95,8 @@ class Trainer:
         self.model = build_model(config, self.tokenizer).to(self.device)
         if t.init and not resume:  # fine-tuning: start from that checkpoint's weights
             self.model.load_state_dict(load_checkpoint(resolve_checkpoint(t.init)[0])["model"])
+        # The weights of record: validated, saved as "model", translated.
+        self.average = WeightAverage(self.model, t.ema_decay) if t.ema_decay else None
         # Read by the budget schedules; `clock` is the main rank's elapsed time (see update).
         self.progress, self.epochs, self.clock = Progress(), 0.0, 0.0
         self.optimizer, self.scheduler = build_optimizer(
@@ -123,9 +126,13 @@ class Trainer:
 
     def state(self) -> dict[str, Any]:
         p = self.progress
+        # "model" is what inference, export and `train.init` read; with a weight average on,
+        # the trained weights go under "train_model" for a resume.
+        trained = {"train_model": self.model.state_dict()} if self.average else {}
         return {
             "format": FORMAT,
-            "model": self.model.state_dict(),
+            "model": self.model_of_record.state_dict(),
+            **trained,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -178,7 +185,9 @@ class Trainer:
             raise TrainingError(
                 f"{path}: was trained with another tokenizer than {self.run.tokenizer}"
             )
-        self.model.load_state_dict(ckpt["model"])
+        self.model.load_state_dict(ckpt.get("train_model", ckpt["model"]))
+        if self.average:  # a run without one starts its average from the trained weights
+            self.average.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.progress = Progress(**ckpt["progress"])  # the budget schedules read it
@@ -317,11 +326,7 @@ class Trainer:
             return {"skipped": "overflow" if overflow else "non-finite", "stop": stops > 0}
         if t.clip_norm > 0:  # as clip_grad_norm_, folded into the one pass over the gradients
             scale *= min(1.0, t.clip_norm / (grad_norm + 1e-6))
-        torch._foreach_mul_(grads, scale)
-        self.optimizer.step()  # gradients checked above, so GradScaler.step's check is not needed
-        self.scaler.update()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.apply_gradients(grads, scale)
         return {
             "loss": loss_sum / tokens,
             "nll": nll_sum / tokens,
@@ -329,21 +334,39 @@ class Trainer:
             "stop": stops > 0,
         }
 
+    def apply_gradients(self, grads: list[Tensor], scale: float) -> None:
+        """Scale the (checked, finite) gradients, take the optimiser and schedule step, fold the
+        new weights into the average."""
+        torch._foreach_mul_(grads, scale)
+        self.optimizer.step()  # gradients checked before, so GradScaler.step's check is not needed
+        self.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.average:
+            self.average.update(self.model, self.progress.step + 1)
+
     # -- validation
+
+    @property
+    def model_of_record(self) -> torch.nn.Module:
+        """The weights validated and saved as "model": the average if there is one."""
+        return self.average.model if self.average else self.model
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Dev loss/perplexity over the whole dev set, BLEU/chrF of greedy decoding of a subset."""
-        self.model.eval()
+        """Dev loss/perplexity over the whole dev set, BLEU/chrF of greedy decoding of a subset,
+        of the model of record."""
+        model = self.model_of_record
+        model.eval()
         sums = torch.zeros(2, device=self.device)  # smoothed loss, NLL
         tokens = 0
         for batch in self.data.dev_batches:
             batch = batch.to(self.device)
-            sums += torch.stack(self.loss_of(batch, self.model))
+            sums += torch.stack(self.loss_of(batch, model))
             tokens += batch.n_tgt_tokens
         loss, nll = sums.tolist()
         hyps = translate_ids(
-            self.model,
+            model,
             self.tokenizer,
             self.data.dev_src_ids,
             replace(self.config.decode, beam_size=1, nbest=1),  # greedy

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cli import distributed
-from cli.checkpoint import load_checkpoint
+from cli.checkpoint import load_checkpoint, load_for_inference
 from cli.config import load_config
 from cli.run import TrainingError, resume_config, start_run
 from cli.train import run_train
@@ -167,6 +167,35 @@ def test_non_finite_loss_skips_the_update_then_stops(tmp_path, tiny_prefix, monk
         assert torch.isfinite(v).all()
 
 
+def test_the_weight_average_is_validated_saved_and_translated(tmp_path, tiny_prefix):
+    trainer = make_trainer(
+        tmp_path, tiny_prefix, "train.ema_decay=0.25", "train.max_steps=3", "train.eval_every=0"
+    )
+    expected = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    step = 0
+
+    def fold_in(optimizer, args, kwargs) -> None:  # the trained weights after each update
+        nonlocal step
+        step += 1
+        decay = min(0.25, (1 + step) / (10 + step))  # 2/11, 3/12, then the cap (not 4/13)
+        for n, p in trainer.model.named_parameters():
+            expected[n] = decay * expected[n] + (1 - decay) * p.detach()
+
+    trainer.optimizer.register_step_post_hook(fold_in)
+    trainer.fit()
+    assert step == 3
+    average = dict(trainer.average.model.named_parameters())
+    for n, p in trainer.model.named_parameters():
+        torch.testing.assert_close(average[n], expected[n], rtol=0, atol=1e-6, msg=n)
+        assert not torch.equal(average[n], p), n  # an average, not the last weights
+    assert trainer.model_of_record is trainer.average.model
+    last = load_checkpoint(trainer.run.checkpoints / "last.pt")
+    inference, _, _ = load_for_inference(trainer.run.path, torch.device("cpu"))
+    for n, p in inference.named_parameters():
+        assert torch.equal(p, average[n]) and torch.equal(last["model"][n], average[n]), n
+        assert torch.equal(last["train_model"][n], trainer.model.state_dict()[n]), n
+
+
 def tf_train(*args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "cli.main", "train", *args],
@@ -201,6 +230,7 @@ def test_sigkill_then_resume_continues_bit_for_bit(tmp_path, tiny_prefix):
         "--set=train.save_every=3",
         "--set=train.eval_every=0",
         "--set=train.log_every=1",
+        "--set=train.ema_decay=0.9",  # the average resumes exactly too
     ]
     killed = tmp_path / "killed"
     proc = tf_train("tiny", "--out", str(killed), "--set=train.max_steps=100000", *common)
@@ -222,8 +252,9 @@ def test_sigkill_then_resume_continues_bit_for_bit(tmp_path, tiny_prefix):
     a = load_checkpoint(straight / "checkpoints" / "last.pt")
     b = load_checkpoint(killed / "checkpoints" / "last.pt")
     assert a["step"] == b["step"] == target
-    for k in a["model"]:
-        assert torch.equal(a["model"][k], b["model"][k]), k
+    for weights in ("model", "train_model"):
+        for k in a[weights]:
+            assert torch.equal(a[weights][k], b[weights][k]), (weights, k)
     assert losses(straight) == losses(killed)
 
 
