@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
         ("train.lr=0", "train.lr must be positive"),
         ("train.betas=[0.9]", "train.betas must be two numbers"),
         ("train.label_smoothing=1.0", "train.label_smoothing must be in [0, 1)"),
+        ("train.ema_decay=1.0", "train.ema_decay must be in [0, 1)"),
         ("model.d_model=0", "model.d_model must be positive"),
         ("model.d_model=30", "model.d_model 30 is not divisible by model.n_heads 4"),
         ("model.n_heads=3", "model.d_model 32 is not divisible by model.n_heads 3"),
