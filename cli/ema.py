@@ -16,18 +16,19 @@ from torch import nn
 
 
 class WeightAverage:
-    """`model` is the average: a frozen copy of the trained model, updated after each step."""
+    """`model` is the average: a frozen copy of `trained`, folded in after each of its steps."""
 
     def __init__(self, trained: nn.Module, decay: float) -> None:
         self.decay = decay
         self.model = copy.deepcopy(trained).requires_grad_(False).eval()
-        self._params = list(self.model.parameters())
+        # Both lists once: the parameters are the same tensors for the whole run.
+        self._averaged = list(self.model.parameters())
+        self._trained = [p.detach() for p in trained.parameters()]
 
     def decay_at(self, step: int) -> float:
         return min(self.decay, (1 + step) / (10 + step))
 
     @torch.no_grad()
-    def update(self, trained: nn.Module, step: int) -> None:
-        """Fold in the weights of `trained` after update `step` (1 for the first)."""
-        weight = 1.0 - self.decay_at(step)
-        torch._foreach_lerp_(self._params, [p.detach() for p in trained.parameters()], weight)
+    def update(self, step: int) -> None:
+        """Fold in the trained weights as update `step` (1 for the first) left them."""
+        torch._foreach_lerp_(self._averaged, self._trained, 1.0 - self.decay_at(step))

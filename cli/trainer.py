@@ -343,7 +343,7 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.average:
-            self.average.update(self.model, self.progress.step + 1)
+            self.average.update(self.progress.step + 1)
 
     # -- validation
 
