@@ -1,7 +1,8 @@
 """The same trained model and sentences through every engine `tf translate` can use: PyTorch in
-fp32, PyTorch with dynamic int8 linear layers (`--int8`), and its CTranslate2 export in float32
-and int8. Greedy and beam 5, sentences/s, target tokens/s and BLEU, measured alternately in one
-process, each engine end to end from source ids to hypotheses (as `tf translate` calls it).
+fp32, in bf16 autocast (what `decode.precision: auto` picks on CPUs with native bf16; CTranslate2
+has no bf16 on CPUs), with dynamic int8 linear layers (`--int8`), and its CTranslate2 export in
+float32 and int8. Greedy and beam 5, sentences/s, target tokens/s and BLEU, measured alternately
+in one process, each engine end to end from source ids to hypotheses (as `tf translate` calls it).
 
     python -m benchmarks.engines_bench [--run RUN] [--sentences 1000]
 """
@@ -20,6 +21,7 @@ from benchmarks.common import print_table
 from benchmarks.decode_bench import default_run, source_sentences
 from cli.checkpoint import load_for_inference
 from cli.decoding import encode_sources, translate_ids
+from cli.device import autocast_dtype
 from cli.engines import quantize_int8, translate_ids_ct2
 from cli.export_ctranslate2 import export_ctranslate2
 from cli.scoring import score
@@ -48,15 +50,22 @@ def run(run_dir: Path, sentences: int = 1000, repeats: int = 2) -> dict:
 
     def engines(decode):
         c = replace(config, decode=decode)
+        fp32, bf16 = replace(decode, precision="fp32"), replace(decode, precision="bf16")
         return {
-            "tf_fp32": lambda: translate_ids(model, tokenizer, src_ids, decode, cpu),
-            "tf_int8": lambda: translate_ids(int8, tokenizer, src_ids, decode, cpu),
+            "tf_fp32": lambda: translate_ids(model, tokenizer, src_ids, fp32, cpu),
+            **(
+                {"tf_bf16": lambda: translate_ids(model, tokenizer, src_ids, bf16, cpu)}
+                if native
+                else {}
+            ),
+            "tf_int8": lambda: translate_ids(int8, tokenizer, src_ids, fp32, cpu),
             **{
                 n: (lambda t=t: translate_ids_ct2(t, tokenizer, src_ids, c))
                 for n, t in translators.items()
             },
         }
 
+    native = autocast_dtype("auto", cpu) == torch.bfloat16
     results: dict[str, float] = {"sentences": len(lines)}
     for search, beam in (("greedy", 1), ("beam5", 5)):
         decode = replace(config.decode, beam_size=beam, nbest=1)
@@ -78,11 +87,15 @@ def run(run_dir: Path, sentences: int = 1000, repeats: int = 2) -> dict:
 
 
 def print_results(r: dict) -> None:
-    rows = [("engine", "search", "sentences/s", "target tokens/s", "vs tf fp32", "BLEU")]
+    rows = [("engine", "search", "sentences/s", "target tokens/s", "vs tf fp32", "vs ct2 fp32")]
+    rows[0] += ("BLEU",)
     for search in ("greedy", "beam5"):
         base = r[f"tf_fp32_{search}_sentences_per_s"]
-        for name in ("tf_fp32", "tf_int8", "ct2_float32", "ct2_int8"):
+        ct2 = r[f"ct2_float32_{search}_sentences_per_s"]
+        for name in ("tf_fp32", "tf_bf16", "tf_int8", "ct2_float32", "ct2_int8"):
             key = f"{name}_{search}"
+            if f"{key}_sentences_per_s" not in r:
+                continue  # no native bf16 here
             rows.append(
                 (
                     name,
@@ -90,6 +103,7 @@ def print_results(r: dict) -> None:
                     f"{r[f'{key}_sentences_per_s']:.1f}",
                     f"{r[f'{key}_tokens_per_s']:,.0f}",
                     f"{r[f'{key}_sentences_per_s'] / base:.2f}x",
+                    f"{r[f'{key}_sentences_per_s'] / ct2:.2f}x",
                     f"{r[f'{key}_bleu']:.2f}",
                 )
             )

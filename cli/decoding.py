@@ -111,6 +111,7 @@ def search_batch(
         length_penalty=decode.length_penalty,
         nbest=decode.nbest,
         no_repeat_ngram_size=decode.no_repeat_ngram_size,
+        patience=decode.patience,
         **common,
     )
 
@@ -138,7 +139,7 @@ def translate_ids(
             tokenizer.eos_id,
             rows,
         ).to(device)
-        with inference_autocast(device):  # CUDA: bf16/fp16 and TF32; CPU: fp32 as trained
+        with inference_autocast(device, decode.precision):
             hyps = search_batch(model, batch, decode, tokenizer.bos_id, tokenizer.eos_id, start)
         for i, h in zip(rows, hyps):
             results[i] = h

@@ -33,8 +33,10 @@ def pick_device(name: str = "auto") -> torch.device:
     return device
 
 
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for `train.precision` on this device (None: plain fp32).
+def autocast_dtype(
+    precision: str, device: torch.device, setting: str = "train.precision"
+) -> torch.dtype | None:
+    """The autocast dtype for `precision` (the value of `setting`) on this device (None: fp32).
 
     `auto` is bf16 on GPUs with native bf16 (Ampere and newer; else fp16 with a GradScaler) and
     on CPUs with native bf16 (AVX512-BF16 or AMX), fp32 elsewhere. Master weights and Adam's
@@ -44,7 +46,7 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
         return None
     if precision == "fp16":
         if device.type != "cuda":
-            raise InputError("train.precision: fp16 needs a CUDA device; use bf16 or auto")
+            raise InputError(f"{setting}: fp16 needs a CUDA device; use bf16 or auto")
         return torch.float16
     if precision == "bf16":
         return torch.bfloat16
@@ -71,11 +73,12 @@ def configure_device(device: torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
-def inference_autocast(device: torch.device) -> AbstractContextManager:
-    """How decoding computes on `device`: on CUDA, autocast to bf16 where the GPU has it natively
-    (else fp16) with TF32 matmuls, so the output projection at every step runs on tensor cores;
-    on CPUs plain fp32, as before (log-probabilities are taken in fp32 either way)."""
-    if device.type != "cuda":
-        return nullcontext()
+def inference_autocast(device: torch.device, precision: str = "auto") -> AbstractContextManager:
+    """How decoding computes on `device` for `decode.precision`: `auto` autocasts to bf16 where
+    the device has it natively (GPUs from Ampere on, else fp16 with TF32 matmuls; CPUs with
+    AVX512-BF16 or AMX), so the matmuls of every step, the output projection first, run at
+    twice the fp32 rate; elsewhere fp32. The residual stream, LayerNorm and the
+    log-probabilities stay fp32 under autocast."""
     configure_device(device)
-    return torch.autocast("cuda", dtype=autocast_dtype("auto", device))
+    dtype = autocast_dtype(precision, device, "decode.precision")
+    return nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)

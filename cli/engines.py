@@ -56,6 +56,8 @@ def load_engine(run: str, device: torch.device, overrides: list[str], int8: bool
     config = with_overrides(config, overrides)
     if int8:
         model = quantize_int8(model, device)
+        # Its layers take fp32 activations (quantized on the fly), never autocast's bf16.
+        config = replace(config, decode=replace(config.decode, precision="fp32"))
 
     def search(src_ids: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
         return translate_ids(model, tokenizer, src_ids, decode, device)
@@ -104,6 +106,11 @@ def translate_ids_ct2(
     beam search never returns an empty output: with alpha 0 and `decode.min_len` 1 its search
     is ours.
     """
+    if config.decode.patience <= 0:
+        raise InputError(
+            "decode.patience 0 (search on until no live hypothesis can win) is tf's own; "
+            "CTranslate2 needs a patience above 0"
+        )
     results = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
     limits = {i: _length_limit(len(ids), config) for i, ids in enumerate(src_ids) if ids}
     if not limits:
@@ -137,6 +144,7 @@ def _search_ct2(translator, tokenizer, src_ids, rows, limit, config, results) ->
         max_decoding_length=limit,
         min_decoding_length=decode.min_len,
         no_repeat_ngram_size=decode.no_repeat_ngram_size,
+        patience=decode.patience,
         max_batch_size=decode.max_tokens,
         batch_type="tokens",
         return_scores=True,

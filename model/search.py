@@ -74,14 +74,20 @@ def _initial_beams(batch_size: int, device: torch.device) -> Beams:
 
 
 def _restrict_length(
-    log_probs: Tensor, t: int, max_lens: Tensor, eos_id: int, min_len: int
+    log_probs: Tensor, t: int, max_lens: Tensor, eos_id: int, min_len: int, shortest: int
 ) -> Tensor:
     """Forbid EOS before min_len tokens; force it once a row holds max_lens tokens (that wins).
+    `shortest` is the smallest of the batch's max_lens, known on the host: before it no row is
+    at its limit, and the two (N, V) passes that force EOS are skipped.
 
     Shape: log_probs (N, V), max_lens (N,) per row -> (N, V).
     """
+    if t >= min_len and t < shortest:
+        return log_probs
     is_eos = torch.arange(log_probs.size(1), device=log_probs.device) == eos_id  # (V,)
     restricted = log_probs.masked_fill(is_eos, float("-inf")) if t < min_len else log_probs
+    if t < shortest:
+        return restricted
     forced = log_probs.masked_fill(~is_eos, float("-inf"))
     return torch.where((max_lens <= t)[:, None], forced, restricted)
 
@@ -127,10 +133,11 @@ def greedy_search(
     results: list[Hypothesis | None] = [None] * batch_size
     beams = _initial_beams(batch_size, max_lens.device)  # one row per live sentence
     tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=max_lens.device)
+    shortest = int(max_lens.min())
     for t in itertools.count():
         log_probs, state = step(tokens, state)  # (N, V)
         row_max_lens = max_lens[beams.sentence]  # (N,)
-        log_probs = _restrict_length(log_probs, t, row_max_lens, eos_id, min_len)
+        log_probs = _restrict_length(log_probs, t, row_max_lens, eos_id, min_len, shortest)
         best, tokens = log_probs.max(dim=1)  # (N,) each; ties go to the first id
         sum_log_probs = beams.log_probs + best  # (N,)
         ended = (tokens == eos_id) | (row_max_lens <= t)  # (N,) the latter even if EOS is -inf
@@ -166,6 +173,7 @@ def beam_search(
     length_penalty: float,  # no default here: `decode.length_penalty` is the one default
     min_len: int = 0,
     nbest: int = 1,
+    patience: float,  # as length_penalty, `decode.patience` is the one default
     no_repeat_ngram_size: int = 0,
 ) -> list[list[Hypothesis]]:
     """Beam search for B sentences at once.
@@ -174,7 +182,8 @@ def beam_search(
     log-probability. Those ending in EOS among the first beam_size are finished (as fairseq: an
     EOS ranked lower would not have made the beam); the best beam_size not ending in EOS stay
     live. A sentence keeps its nbest best finished hypotheses by GNMT score and stops at its max
-    length or as soon as no live hypothesis can beat the worst of them (`_sentences_done`).
+    length, as soon as no live hypothesis can beat the worst of them (`_sentence_done`), or
+    once beam_size x patience of its hypotheses have finished (fairseq's rule at patience 1).
     With length_penalty 0, beam_size 1 is greedy search exactly.
 
     Args:
@@ -187,6 +196,10 @@ def beam_search(
         length_penalty: GNMT's alpha; 0 ranks by log-probability.
         min_len: EOS is forbidden before this many tokens.
         nbest: hypotheses returned per sentence, at most beam_size.
+        patience: stop a sentence once round(beam_size x patience) (at least nbest) of its
+            hypotheses have finished, kept or not (CTranslate2's `patience`, Kasai et al., 2022);
+            0: only at its max length or when no live hypothesis can still win (exhaustive up
+            to the beam).
         no_repeat_ngram_size: n > 0 forbids repeating any n-gram within a hypothesis.
 
     Returns:
@@ -196,6 +209,8 @@ def beam_search(
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"need 1 <= nbest <= beam_size, got nbest {nbest}, beam {beam_size}")
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+    n_finished = [0] * batch_size  # hypotheses each sentence finished, kept in its n-best or not
+    enough = max(nbest, round(beam_size * patience)) if patience > 0 else 0  # 0: no such stop
     device = max_lens.device
     beams = _initial_beams(batch_size, device)
     tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)
@@ -203,7 +218,9 @@ def beam_search(
     k = 1  # rows per live sentence: one before the first step, then up to beam_size
     for t in itertools.count():
         log_probs, state = step(tokens, state)  # (N, V)
-        log_probs = _restrict_length(log_probs, t, max_lens[beams.sentence], eos_id, min_len)
+        log_probs = _restrict_length(
+            log_probs, t, max_lens[beams.sentence], eos_id, min_len, min(host_max_lens)
+        )
         log_probs = _ban_repeated_ngrams(log_probs, beams.tokens, no_repeat_ngram_size)
         top, rows, words = _best_extensions(log_probs, beams.log_probs, k, 2 * beam_size)
         is_eos = words == eos_id  # (B', C)
@@ -222,10 +239,13 @@ def beam_search(
         ended = [i for i, e in enumerate(packed[2 * n :]) if e]
         if ended:
             _add_finished(finished, beams, ended, ends.size(1), top, rows, length_penalty, nbest)
+            for i in ended:
+                n_finished[host_sentences[i // ends.size(1)]] += 1
         keep = [
             i
             for i, (b, best_possible) in enumerate(zip(host_sentences, packed[n : 2 * n]))
             if not _sentence_done(finished[b], best_possible, t, host_max_lens[b], nbest)
+            and not 0 < enough <= n_finished[b]
         ]
         if not keep:
             break
@@ -255,10 +275,16 @@ def _best_extensions(
     C = min(n, k V), best first: the extension's log-probability, the row it extends, its token.
     """
     N, V = log_probs.shape
-    scores = (beam_log_probs[:, None] + log_probs).view(N // k, k * V)  # (B', k V)
-    top, flat = scores.topk(min(n, k * V), dim=1)  # (B', C)
+    # A sentence's n best come from its rows' n best each: take those first (one top-k over
+    # (N, V)), then the n best of its k n candidates. The same extensions as one top-k over all
+    # k V, without the (N, V) sum of scores and with a cheaper second top-k.
+    row_top, row_words = log_probs.topk(min(n, V), dim=1)  # (N, n')
+    n_row = row_top.size(1)
+    scores = (beam_log_probs[:, None] + row_top).view(N // k, k * n_row)  # (B', k n')
+    top, flat = scores.topk(min(n, k * n_row), dim=1)  # (B', C)
     first_row = torch.arange(0, N, k, device=flat.device)[:, None]  # (B', 1)
-    return top, first_row + flat // V, flat % V
+    words = row_words.view(N // k, k * n_row).gather(1, flat)  # (B', C)
+    return top, first_row + flat // n_row, words
 
 
 def _add_finished(

@@ -64,7 +64,7 @@ def hf_dir(sharp, tmp_path_factory) -> Path:
 def ours(trained, **decode) -> list[list[int]]:
     model, tok, config = load_for_inference(trained, torch.device("cpu"))
     ids = encode_sources(tok, SENTENCES, model.config.max_positions, "test", 1)
-    settings = replace(config.decode, **decode)
+    settings = replace(config.decode, **{"precision": "fp32", **decode})  # as the exports
     return [h[0].tokens for h in translate_ids(model, tok, ids, settings, torch.device("cpu"))]
 
 
@@ -89,7 +89,8 @@ def test_ctranslate2_searches_as_tf(sharp, ct2_dir, beam):
 
 def test_tf_translate_runs_an_exported_directory(sharp, ct2_dir):
     text = "\n".join(SENTENCES) + "\n"
-    direct = tf("translate", sharp, "--greedy", input=text)
+    fp32 = ["--set", "decode.precision=fp32"]  # CTranslate2 computes in float32
+    direct = tf("translate", sharp, "--greedy", *fp32, input=text)
     exported = tf("translate", ct2_dir, "--greedy", input=text)
     assert exported.exit_code == 0, exported.output
     assert exported.stdout == direct.stdout
@@ -99,7 +100,8 @@ def test_tf_translate_runs_an_exported_directory(sharp, ct2_dir):
 def test_tf_eval_scores_an_exported_directory(sharp, ct2_dir, tiny_prefix):
     common = ["--src", f"{tiny_prefix}.es", "--ref", f"{tiny_prefix}.en", "--greedy", "--json"]
     common += ["--limit", "20"]
-    direct, exported = tf("eval", sharp, *common), tf("eval", ct2_dir, *common)
+    fp32 = ["--set", "decode.precision=fp32"]  # CTranslate2 computes in float32
+    direct, exported = tf("eval", sharp, *common, *fp32), tf("eval", ct2_dir, *common)
     assert exported.exit_code == 0, exported.output
     assert json.loads(exported.stdout)["bleu"] == json.loads(direct.stdout)["bleu"]
 
@@ -214,8 +216,12 @@ def test_pre_ln_cannot_become_marian(tmp_path, tiny_prefix):
         export_marian(build_model(config, tok), tok, config, tmp_path / "out")
 
 
-def test_int8_translates_every_line(trained):
+@pytest.mark.parametrize("precision", ["auto", "bf16"])
+def test_int8_translates_every_line(trained, precision):
+    """int8 layers take fp32 activations: a bf16 precision (asked, or `auto` on a CPU with
+    bf16) does not apply to them."""
     text = "\n".join(SENTENCES) + "\n"
-    result = tf("translate", trained, "--greedy", "--int8", input=text)
+    sets = ["--set", f"decode.precision={precision}"]
+    result = tf("translate", trained, "--greedy", "--int8", *sets, input=text)
     assert result.exit_code == 0, result.output
     assert len(result.stdout.splitlines()) == len(SENTENCES)

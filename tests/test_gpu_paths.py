@@ -15,6 +15,7 @@ from cli.config import load_config
 from cli.device import autocast_dtype
 from cli.run import rng_state, set_rng_state, start_run
 from cli.trainer import Trainer
+from data.errors import InputError
 from model.search import beam_search, greedy_search
 
 CUDA = torch.device("cuda", 0)
@@ -156,7 +157,13 @@ def test_one_host_sync_per_search_step(monkeypatch, search):
     with counter:
         if search == "beam":
             beam_search(
-                counting_step, None, lambda s, i, g: s, beam_size=4, length_penalty=0.6, **common
+                counting_step,
+                None,
+                lambda s, i, g: s,
+                beam_size=4,
+                length_penalty=0.6,
+                patience=2.0,
+                **common,
             )
         else:
             greedy_search(counting_step, None, lambda s, i, g: s, **common)
@@ -175,7 +182,21 @@ def test_decoding_on_cuda_autocasts_and_allows_tf32(monkeypatch):
         assert torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
-    assert not isinstance(device_module.inference_autocast(torch.device("cpu")), torch.autocast)
+    assert not isinstance(device_module.inference_autocast(CUDA, "fp32"), torch.autocast)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_decoding_on_cpu_autocasts_to_bf16_only_where_native(monkeypatch, native):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    cpu = torch.device("cpu")
+    context = device_module.inference_autocast(cpu)
+    assert isinstance(context, torch.autocast) == native
+    if native:
+        assert context.fast_dtype == torch.bfloat16
+    assert not isinstance(device_module.inference_autocast(cpu, "fp32"), torch.autocast)
+    with pytest.raises(InputError, match="decode.precision: fp16 needs a CUDA device"):
+        device_module.inference_autocast(cpu, "fp16")
 
 
 def test_rank_zero_alone_logs_below_errors(monkeypatch):
@@ -213,3 +234,21 @@ def test_prefetched_batches_and_resume_states_equal_those_made_in_line(tmp_path,
             a.batch.tgt_out, b.batch.tgt_out
         )
     assert threaded[-1].state["epoch"] == 1
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
+def test_translation_computes_in_decode_precision(trained, precision, dtype):
+    from dataclasses import replace
+
+    from cli.checkpoint import load_for_inference
+    from cli.decoding import encode_sources, translate_ids
+
+    cpu = torch.device("cpu")
+    model, tok, config = load_for_inference(trained, cpu)
+    seen = []
+    model.generator.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    ids = encode_sources(tok, ["hola", "y dijo"], model.config.max_positions, "test", 1)
+    decode = replace(config.decode, precision=precision)
+    hyps = translate_ids(model, tok, ids, decode, cpu)
+    assert seen and set(seen) == {dtype}
+    assert all(h[0].log_prob <= 0 for h in hyps)  # log-probabilities are taken in fp32

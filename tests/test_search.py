@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.uncached import uncached_start
+from cli.config import DecodeConfig
 from cli.decoding import cached_start
 from model.search import Hypothesis, beam_search, gnmt_length_penalty, greedy_search
 from model.transformer import ModelConfig, Transformer
@@ -62,12 +63,16 @@ def random_step(vocab_size: int = 6, eos_growth: float = 0.6):
     return step
 
 
+# The config's defaults of the settings that beam_search takes without a default of its own.
+DEFAULTS = {"length_penalty": DecodeConfig.length_penalty, "patience": DecodeConfig.patience}
+
+
 def search(step, batch_size: int, max_lens: list[int], beam_size: int | None = None, **options):
     """Greedy search when beam_size is None, else beam search; from a fresh hand-step state."""
     common = dict(batch_size=batch_size, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor(max_lens))
     if beam_size is None:
         return greedy_search(step, start(batch_size), reorder_rows, **common, **options)
-    options = {"length_penalty": 0.6, **options}  # the config's default, unless given
+    options = {**DEFAULTS, **options}
     return beam_search(
         step, start(batch_size), reorder_rows, beam_size=beam_size, **common, **options
     )
@@ -116,7 +121,8 @@ def test_a_beam_holding_every_prefix_is_exact(alpha):
     # 5 words and max_len 3: at most 25 * 6 = 150 candidates a step, so beam 150 loses nothing,
     # and the early stop (no live hypothesis can still win) must not lose the best either.
     step, vocab_size, max_len, nbest = random_step(vocab_size=6), 6, 3, 5
-    (hyps,) = search(step, 1, [max_len], beam_size=150, length_penalty=alpha, nbest=nbest)
+    options = dict(beam_size=150, length_penalty=alpha, nbest=nbest, patience=0.0)
+    (hyps,) = search(step, 1, [max_len], **options)
     best = all_outputs(step, 0, max_len, vocab_size, alpha)[:nbest]
     assert [h.tokens for h in hyps] == [tokens for tokens, _ in best]
     assert [h.score for h in hyps] == pytest.approx([score for _, score in best])
@@ -127,16 +133,29 @@ def test_early_stop_waits_for_a_longer_hypothesis_that_can_still_win():
     # alpha 2 its score is -0.92 / ((5 + 4) / 6)^2 = -0.41: better. After the first step the live
     # [4] (-0.92) could still reach -0.92 / lp(max_len + 1) = -0.27, so the search must go on.
     table = {(): {EOS: 0.6, 4: 0.4}, (4,): {4: 0.999}, (4, 4): {4: 0.999}, (4, 4, 4): {EOS: 0.999}}
-    ((best,),) = search(table_step(table, vocab_size=6), 1, [5], beam_size=2, length_penalty=2.0)
+    step = table_step(table, vocab_size=6)
+    ((best,),) = search(step, 1, [5], beam_size=2, length_penalty=2.0, patience=0.0)
     assert best.tokens == [4, 4, 4]
     assert best.score == pytest.approx((math.log(0.4) + 3 * math.log(0.999)) / 1.5**2)
+
+
+def test_patience_stops_a_sentence_once_enough_hypotheses_finished():
+    # As above, [] finishes at the first step and [4 4 4] would beat it three steps later. With
+    # beam 1, patience 1 allows one finished hypothesis: the search stops at []. Patience 2
+    # waits for a second one, [4 4 4]; patience 0 waits until no live hypothesis can win.
+    table = {(): {EOS: 0.6, 4: 0.4}, (4,): {4: 0.999}, (4, 4): {4: 0.999}, (4, 4, 4): {EOS: 0.999}}
+    step = table_step(table, vocab_size=6)
+    for patience, tokens in ((1.0, []), (2.0, [4, 4, 4]), (0.0, [4, 4, 4])):
+        ((best,),) = search(step, 1, [5], beam_size=1, length_penalty=2.0, patience=patience)
+        assert best.tokens == tokens, patience
 
 
 def test_early_stop_with_a_negative_alpha_bounds_at_the_next_length():
     # alpha -1 favours short outputs: lp(Y) = 6 / (5 + |Y|). [] scores log 0.4 = -0.92; the live
     # [4] (log 0.6) can still reach -0.51 * 7/6 = -0.60 by ending next, and does.
     table = {(): {4: 0.6, EOS: 0.4}, (4,): {EOS: 0.999}}
-    ((best,),) = search(table_step(table, vocab_size=6), 1, [5], beam_size=2, length_penalty=-1.0)
+    step = table_step(table, vocab_size=6)
+    ((best,),) = search(step, 1, [5], beam_size=2, length_penalty=-1.0, patience=0.0)
     assert best.tokens == [4]
     assert best.score == pytest.approx((math.log(0.6) + math.log(0.999)) * 7 / 6)
 
@@ -204,7 +223,7 @@ def test_batched_search_equals_one_sentence_at_a_time():
         return greedy_search(step, state, reorder_rows, **common)[0]
 
     assert search(step, 4, max_lens) == [alone(b) for b in range(4)]
-    options = dict(beam_size=3, nbest=2, length_penalty=0.6, no_repeat_ngram_size=2)
+    options = dict(beam_size=3, nbest=2, **DEFAULTS, no_repeat_ngram_size=2)
     assert search(step, 4, max_lens, **options) == [alone(b, **options) for b in range(4)]
 
 
@@ -230,7 +249,7 @@ def test_beams_are_expanded_and_finished_sentences_dropped_by_reorder():
         return state[index]
 
     common = dict(
-        batch_size=3, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([4, 4, 4]), length_penalty=0.6
+        batch_size=3, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([4, 4, 4]), **DEFAULTS
     )
     beam_search(step, torch.tensor([[1], [1], [1]]), reorder, beam_size=3, **common)
     assert indices[0].tolist() == torch.arange(3).repeat_interleave(3).tolist()
@@ -275,7 +294,7 @@ def model_search(model: Transformer, cached: bool, beam_size: int | None, **opti
     common = dict(batch_size=5, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([9, 4, 8, 2, 6]))
     if beam_size is None:
         return greedy_search(step, state, lambda s, i, g: s.reorder(i, g), **common, **options)
-    options = {"length_penalty": 0.6, **options}  # the config's default, unless given
+    options = {**DEFAULTS, **options}
     return beam_search(
         step, state, lambda s, i, g: s.reorder(i, g), beam_size=beam_size, **common, **options
     )
