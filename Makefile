@@ -37,7 +37,7 @@ lint: install
 demo: install
 	$(TF) train configs/demo.yaml --out runs/demo --force
 	head -n 5 data/corpora/bible-es-en/test.es | $(TF) translate runs/demo --beam 4
-	$(TF) eval runs/demo --src data/corpora/bible-es-en/test.es --ref data/corpora/bible-es-en/test.en --greedy
+	$(TF) eval runs/demo --src data/corpora/bible-es-en/test.es --ref data/corpora/bible-es-en/test.en
 
 tokenizer: install
 	$(TF) tokenizer train $(CONFIG) --out $(RUN)/tokenizer
