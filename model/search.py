@@ -171,9 +171,9 @@ def beam_search(
     eos_id: int,
     max_lens: Tensor,
     length_penalty: float,  # no default here: `decode.length_penalty` is the one default
+    patience: float,  # nor here: `decode.patience`
     min_len: int = 0,
     nbest: int = 1,
-    patience: float,  # as length_penalty, `decode.patience` is the one default
     no_repeat_ngram_size: int = 0,
 ) -> list[list[Hypothesis]]:
     """Beam search for B sentences at once.
@@ -194,12 +194,12 @@ def beam_search(
         max_lens: (B,) long, the most tokens of each sentence's output (EOS not counted), on
             the device of the step's tensors.
         length_penalty: GNMT's alpha; 0 ranks by log-probability.
-        min_len: EOS is forbidden before this many tokens.
-        nbest: hypotheses returned per sentence, at most beam_size.
         patience: stop a sentence once round(beam_size x patience) (at least nbest) of its
             hypotheses have finished, kept or not (CTranslate2's `patience`, Kasai et al., 2022);
             0: only at its max length or when no live hypothesis can still win (exhaustive up
             to the beam).
+        min_len: EOS is forbidden before this many tokens.
+        nbest: hypotheses returned per sentence, at most beam_size.
         no_repeat_ngram_size: n > 0 forbids repeating any n-gram within a hypothesis.
 
     Returns:

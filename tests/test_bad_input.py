@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
         ("data.max_len=256", "data.max_len 256 must be below model.max_positions 256"),
         ("data.vocab_size=0", "data.vocab_size must be 8 or more"),
         ("decode.beam_size=0", "decode.beam_size must be positive"),
+        ("decode.patience=-1", "decode.patience must be 0 or more"),
+        ("decode.precision=fp8", "decode.precision must be"),
         ("train.device=tpu", "train.device 'tpu' is unknown"),
     ],
 )

@@ -95,6 +95,28 @@ def test_tf_translate_runs_an_exported_directory(sharp, ct2_dir):
     assert exported.exit_code == 0, exported.output
     assert exported.stdout == direct.stdout
     assert_user_error(tf("translate", ct2_dir, "--int8", input=text), "--quantization")
+    exhaustive = tf("translate", ct2_dir, "--set", "decode.patience=0", input=text)
+    assert_user_error(exhaustive, "CTranslate2 needs a patience above 0")
+
+
+def test_ctranslate2_searches_with_the_runs_patience():
+    from types import SimpleNamespace
+
+    from cli.config import Config
+    from cli.engines import translate_ids_ct2
+
+    calls = []
+
+    class Translator:
+        def translate_batch(self, sources, **options):
+            calls.append(options)
+            return [SimpleNamespace(hypotheses=[["a"]], scores=[-1.0]) for _ in sources]
+
+    tok = SimpleNamespace(src_id_pieces=lambda ids: ids, tgt_piece_ids=lambda pieces: [5])
+    config = Config()
+    config = replace(config, decode=replace(config.decode, patience=1.5, beam_size=4))
+    translate_ids_ct2(Translator(), tok, [[7, 8], [9]], config)
+    assert calls and all(c["patience"] == 1.5 and c["beam_size"] == 4 for c in calls)
 
 
 def test_tf_eval_scores_an_exported_directory(sharp, ct2_dir, tiny_prefix):
