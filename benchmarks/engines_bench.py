@@ -48,6 +48,8 @@ def run(run_dir: Path, sentences: int = 1000, repeats: int = 2) -> dict:
         threads = torch.get_num_threads()
         translators[name] = ctranslate2.Translator(str(workdir / name), intra_threads=threads)
 
+    native = autocast_dtype("auto", cpu) == torch.bfloat16  # else no tf_bf16 row
+
     def engines(decode):
         c = replace(config, decode=decode)
         fp32, bf16 = replace(decode, precision="fp32"), replace(decode, precision="bf16")
@@ -65,7 +67,6 @@ def run(run_dir: Path, sentences: int = 1000, repeats: int = 2) -> dict:
             },
         }
 
-    native = autocast_dtype("auto", cpu) == torch.bfloat16
     results: dict[str, float] = {"sentences": len(lines)}
     for search, beam in (("greedy", 1), ("beam5", 5)):
         decode = replace(config.decode, beam_size=beam, nbest=1)
@@ -87,8 +88,8 @@ def run(run_dir: Path, sentences: int = 1000, repeats: int = 2) -> dict:
 
 
 def print_results(r: dict) -> None:
-    rows = [("engine", "search", "sentences/s", "target tokens/s", "vs tf fp32", "vs ct2 fp32")]
-    rows[0] += ("BLEU",)
+    header = ("engine", "search", "sentences/s", "target tokens/s", "vs tf fp32", "vs ct2 fp32")
+    rows = [(*header, "BLEU")]
     for search in ("greedy", "beam5"):
         base = r[f"tf_fp32_{search}_sentences_per_s"]
         ct2 = r[f"ct2_float32_{search}_sentences_per_s"]
