@@ -215,11 +215,12 @@ def beam_search(
     beams = _initial_beams(batch_size, device)
     tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)
     host_max_lens = max_lens.tolist()
+    shortest = min(host_max_lens)
     k = 1  # rows per live sentence: one before the first step, then up to beam_size
     for t in itertools.count():
         log_probs, state = step(tokens, state)  # (N, V)
         log_probs = _restrict_length(
-            log_probs, t, max_lens[beams.sentence], eos_id, min_len, min(host_max_lens)
+            log_probs, t, max_lens[beams.sentence], eos_id, min_len, shortest
         )
         log_probs = _ban_repeated_ngrams(log_probs, beams.tokens, no_repeat_ngram_size)
         top, rows, words = _best_extensions(log_probs, beams.log_probs, k, 2 * beam_size)
@@ -244,8 +245,9 @@ def beam_search(
         keep = [
             i
             for i, (b, best_possible) in enumerate(zip(host_sentences, packed[n : 2 * n]))
-            if not _sentence_done(finished[b], best_possible, t, host_max_lens[b], nbest)
-            and not 0 < enough <= n_finished[b]
+            if not _sentence_done(
+                finished[b], n_finished[b], enough, best_possible, t, host_max_lens[b], nbest
+            )
         ]
         if not keep:
             break
@@ -338,8 +340,19 @@ def _best_possible_scores(
 
 
 def _sentence_done(
-    hyps: list[Hypothesis], best_possible: float, t: int, max_len: int, nbest: int
+    hyps: list[Hypothesis],
+    n_finished: int,
+    enough: int,
+    best_possible: float,
+    t: int,
+    max_len: int,
+    nbest: int,
 ) -> bool:
-    """A sentence stops after step t at its max length, or once it holds nbest finished
-    hypotheses and no live one can still score better than the worst of them."""
-    return t >= max_len or (len(hyps) >= nbest and best_possible <= hyps[-1].score)
+    """A sentence stops after step t at its max length, once `enough` (> 0) of its hypotheses
+    have finished (`n_finished`, its n-best `hyps` and those that fell out of it), or once it
+    holds nbest finished hypotheses and no live one can still score better than the worst."""
+    return (
+        t >= max_len
+        or 0 < enough <= n_finished
+        or (len(hyps) >= nbest and best_possible <= hyps[-1].score)
+    )

@@ -227,6 +227,23 @@ def test_batched_search_equals_one_sentence_at_a_time():
     assert search(step, 4, max_lens, **options) == [alone(b, **options) for b in range(4)]
 
 
+def test_best_extensions_equal_one_top_k_over_every_beam_and_word():
+    """The two-stage top-k (each row's n best, then each sentence's n best of those) selects
+    what one top-k over a sentence's k V scores selects, with V well above n."""
+    from model.search import _best_extensions
+
+    g = torch.Generator().manual_seed(3)
+    B, k, V, n = 4, 3, 50, 6
+    log_probs = torch.randn(B * k, V, generator=g, dtype=torch.float64).log_softmax(1)
+    beam_log_probs = torch.randn(B * k, generator=g, dtype=torch.float64)
+    top, rows, words = _best_extensions(log_probs, beam_log_probs, k, n)
+    flat = (beam_log_probs[:, None] + log_probs).view(B, k * V)
+    want_top, want_flat = flat.topk(n, dim=1)
+    assert torch.equal(top, want_top)
+    assert torch.equal(rows, torch.arange(0, B * k, k)[:, None] + want_flat // V)
+    assert torch.equal(words, want_flat % V)
+
+
 def test_beams_are_expanded_and_finished_sentences_dropped_by_reorder():
     # Sentence 0 ends at once (EOS is certain); sentence 1 goes on.
     table = {(): {EOS: 1.0}}
