@@ -5,7 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-CHUNK_ELEMENTS = 1 << 24  # logits taken to float32 at once: 64 MB, whatever N and V
+# Logits taken to float32 at once: 4 MB, whatever N and V. The chunk makes several passes (the
+# float32 copy, logsumexp, softmax, the gradient's cast back), which run twice as fast while it
+# stays in the last-level cache: on a 2-core EPYC (32 MB L3), `small`'s loss at 3,500 targets
+# took 146 ms with 64-MB chunks and 72 ms with 4-MB ones, from 16 MB down to 1 MB the same.
+CHUNK_ELEMENTS = 1 << 20
 
 
 def label_smoothed_cross_entropy(
