@@ -20,8 +20,8 @@ import torch
 
 from benchmarks.common import OUT, SHARED, print_table
 from benchmarks.uncached import uncached_start
-from cli.checkpoint import load_for_inference
-from cli.decoding import cached_start, encode_sources, translate_ids
+from cli.inference.decoding import cached_start, encode_sources, translate_ids
+from cli.training.checkpoint import load_for_inference
 from data.corpus import load_corpus
 
 
@@ -90,8 +90,8 @@ def default_run() -> Path:
     for candidate in (Path("runs/small"), OUT / "small"):
         if (candidate / "checkpoints" / "last.pt").exists():
             return candidate
+    from cli.commands.train import run_train
     from cli.config import load_config
-    from cli.train import run_train
 
     print(f"training `small` for 180 s into {OUT / 'small'} (once) to have a model to decode")
     config = load_config(

@@ -19,12 +19,12 @@ import torch
 
 from benchmarks.common import print_table
 from benchmarks.decode_bench import default_run, source_sentences
-from cli.checkpoint import load_for_inference
-from cli.decoding import encode_sources, translate_ids
 from cli.device import autocast_dtype
-from cli.engines import quantize_int8, translate_ids_ct2
-from cli.export_ctranslate2 import export_ctranslate2
-from cli.scoring import score
+from cli.exporters.ctranslate2 import export_ctranslate2
+from cli.inference.decoding import encode_sources, translate_ids
+from cli.inference.engines import quantize_int8, translate_ids_ct2
+from cli.inference.scoring import score
+from cli.training.checkpoint import load_for_inference
 from data.corpus import load_corpus
 
 

@@ -30,7 +30,7 @@ from torch import nn
 from benchmarks.common import corpus_batches, print_table
 from cli.config import load_config
 from cli.device import configure_device
-from cli.optim import build_optimizer
+from cli.training.optim import build_optimizer
 from model.loss import label_smoothed_cross_entropy
 from model.transformer import ModelConfig, Transformer, sinusoidal_positions
 

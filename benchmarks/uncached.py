@@ -29,7 +29,7 @@ class PrefixState:
 
 
 def uncached_start(model: Transformer, memory: Tensor, src_pad_mask: Tensor):
-    """As `cli.decoding.cached_start`: the initial state and the step, here without a cache.
+    """As `cli.inference.decoding.cached_start`: the initial state and the step, uncached.
 
     Shape: memory (N, S, D), src_pad_mask (N, S); the step maps tokens (N,) to logits (N, V).
     """

@@ -82,8 +82,8 @@ class TrainConfig:
     clip_norm: float = 0.0  # 0 disables gradient clipping
     label_smoothing: float = 0.1
     # 0: off. Else the weights of record (validated, kept as best.pt, translated, exported) are
-    # an exponential moving average of the trained ones with this decay (see cli/ema.py); the
-    # checkpoints keep the trained weights too, to resume from.
+    # an exponential moving average of the trained ones with this decay (cli/training/ema.py);
+    # the checkpoints keep the trained weights too, to resume from.
     ema_decay: float = 0.0
     max_bad_steps: int = 5  # stop after this many non-finite losses in a row
     # Logging, validation, checkpoints (in updates).

@@ -56,9 +56,9 @@ def user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from cli.checkpoint import CheckpointError
         from cli.config import ConfigError
-        from cli.run import TrainingError
+        from cli.training.checkpoint import CheckpointError
+        from cli.training.run import TrainingError
         from data.errors import InputError
 
         try:
@@ -102,7 +102,7 @@ def tokenizer_train(
     set_: SetOption = None,
 ) -> None:
     """Train the SentencePiece tokenizer of a config on its training corpus."""
-    from cli.tokenizer import run_tokenizer_train
+    from cli.commands.tokenizer import run_tokenizer_train
 
     typer.echo(run_tokenizer_train(config, set_ or [], out))
 
@@ -124,10 +124,10 @@ def train(
     ] = None,
 ) -> None:
     """Train a model (training the tokenizer first if the run has none)."""
-    from cli.checkpoint import with_init
+    from cli.commands.train import run_train
     from cli.config import load_config
-    from cli.run import RunDir, TrainingError, resume_config
-    from cli.train import run_train
+    from cli.training.checkpoint import with_init
+    from cli.training.run import RunDir, TrainingError, resume_config
 
     if resume is not None:
         cfg = resume_config(RunDir(resume), config, set_ or [], allow_config_change)
@@ -174,9 +174,9 @@ def translate(
     ] = None,
 ) -> None:
     """Translate raw text line by line (stdin to stdout by default)."""
-    from cli.attention import AttentionOptions
-    from cli.decoding import decode_overrides
-    from cli.translate import run_translate
+    from cli.commands.translate import run_translate
+    from cli.inference.decoding import decode_overrides
+    from cli.inference.heatmaps import AttentionOptions
 
     overrides = decode_overrides(beam, greedy, nbest, lenpen, set_ or [])
     pictures = AttentionOptions(attention, attention_layer, attention_head) if attention else None
@@ -203,8 +203,8 @@ def eval_(
     int8: Int8 = False,
 ) -> None:
     """Translate and score with sacrebleu: corpus BLEU and chrF, with signatures."""
-    from cli.decoding import decode_overrides
-    from cli.evaluate import run_eval
+    from cli.commands.evaluate import run_eval
+    from cli.inference.decoding import decode_overrides
 
     if limit < 0:
         raise InputError(f"--limit must be 0 (all) or more, got {limit}")
@@ -230,8 +230,8 @@ def serve(
     ] = 5.0,
 ) -> None:
     """Translate over HTTP: POST /translate {"text": [...], "beam": 5}, GET /health, a page at /."""
-    from cli.decoding import decode_overrides
-    from cli.serve import Limits, run_serve
+    from cli.commands.serve import Limits, run_serve
+    from cli.inference.decoding import decode_overrides
 
     if max_wait < 0:
         raise InputError(f"--max-wait must be 0 or more, got {max_wait}")
@@ -252,7 +252,7 @@ def export(
     force: Annotated[bool, typer.Option(help="Replace a non-empty output directory.")] = False,
 ) -> None:
     """Export for CTranslate2 (`tf translate DIR` runs it) or as a Hugging Face MarianMTModel."""
-    from cli.export import run_export
+    from cli.commands.export import run_export
 
     typer.echo(run_export(run, to, output, quantization, force))
 
@@ -270,8 +270,8 @@ def distill(
     device: Device = "auto",
 ) -> None:
     """Sequence-level distillation data: the teacher translates its training sources."""
-    from cli.decoding import decode_overrides
-    from cli.distill import run_distill
+    from cli.commands.distill import run_distill
+    from cli.inference.decoding import decode_overrides
 
     typer.echo(
         run_distill(teacher, out, decode_overrides(beam, False, None, lenpen, set_ or []), device)
@@ -288,7 +288,7 @@ def compare(
     device: Device = "auto",
 ) -> None:
     """Models side by side: parameters, BLEU/chrF at beam 5, beam-5 and greedy speed."""
-    from cli.compare import run_compare
+    from cli.commands.compare import run_compare
 
     if limit < 0:
         raise InputError(f"--limit must be 0 (all) or more, got {limit}")
@@ -304,7 +304,7 @@ def prune(
     ffn: Annotated[float, typer.Option(help="Fraction of feed-forward units removed.")] = 0.0,
 ) -> None:
     """Structured pruning: whole heads and FFN units of smallest norm, a smaller dense model."""
-    from cli.prune import run_prune
+    from cli.commands.prune import run_prune
 
     typer.echo(run_prune(run, output, heads, ffn))
 
@@ -317,7 +317,7 @@ def average(
     output: Annotated[Path, typer.Option("-o", "--output", help="The averaged checkpoint.")] = ...,
 ) -> None:
     """Average checkpoints, as the paper does for its results (last 5 for base, 20 for big)."""
-    from cli.average import run_average
+    from cli.commands.average import run_average
 
     typer.echo(run_average(run, last, output))
 
@@ -332,7 +332,7 @@ def plot(
     ] = None,
 ) -> None:
     """Plot training and validation curves (loss, perplexity, BLEU/chrF, lr) as a PNG."""
-    from cli.plot import plot_curves
+    from cli.commands.plot import plot_curves
 
     typer.echo(plot_curves(run, output or run / "curves.png"))
 

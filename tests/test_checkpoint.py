@@ -8,10 +8,10 @@ import textwrap
 import pytest
 import torch
 
-from cli.average import average_state_dicts, run_average
-from cli.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_atomic
+from cli.commands.average import average_state_dicts, run_average
 from cli.config import TrainConfig
-from cli.optim import budget_decay, budget_used, build_optimizer, inverse_sqrt, noam
+from cli.training.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_atomic
+from cli.training.optim import budget_decay, budget_used, build_optimizer, inverse_sqrt, noam
 
 
 def test_noam_matches_the_paper_formula():
@@ -109,7 +109,7 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_one(tmp_path):
     save_atomic(ckpt(1.0), path)
     child = textwrap.dedent(f"""
         import time, torch
-        from cli.checkpoint import save_atomic
+        from cli.training.checkpoint import save_atomic
         real_save = torch.save
         def slow_save(obj, f):
             f.write(b"PK" * 1000)  # part of a file, then hang as if the disk were slow

@@ -12,8 +12,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli.checkpoint import load_checkpoint
 from cli.main import app
+from cli.training.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -79,7 +79,7 @@ def test_translate_stdin_to_stdout_keeps_lines_and_order(trained, tiny_prefix):
 
 
 def test_translate_defaults_to_the_runs_beam_and_equals_greedy_at_beam_1(trained):
-    import cli.decoding as decoding
+    import cli.inference.decoding as decoding
 
     text = "Y dijo Dios: Sea la luz.\nEn el principio crió Dios los cielos y la tierra.\n"
     default = tf("translate", trained, input=text)  # tiny.yaml: decode.beam_size 2
@@ -302,8 +302,8 @@ def test_gzip_corpus_and_jsonl_train(tmp_path, tiny_prefix):
 
 
 def test_streaming_in_chunks_changes_nothing(trained, tiny_prefix, monkeypatch):
-    import cli.decoding as decoding
-    import cli.engines as engines
+    import cli.inference.decoding as decoding
+    import cli.inference.engines as engines
 
     lines = Path(f"{tiny_prefix}.es").read_text(encoding="utf-8").splitlines()[:7]
     text = "\n".join(lines) + "\n"

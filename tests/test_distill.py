@@ -9,7 +9,7 @@ from pathlib import Path
 
 from test_cli import tf
 
-from cli.distill import complete_lines
+from cli.commands.distill import complete_lines
 from data.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent

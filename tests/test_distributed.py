@@ -14,11 +14,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from cli import distributed
-from cli.checkpoint import load_checkpoint
 from cli.config import load_config
-from cli.run import RunDir, TrainingError, start_run
-from cli.trainer import Trainer
+from cli.training import distributed
+from cli.training.checkpoint import load_checkpoint
+from cli.training.run import RunDir, TrainingError, start_run
+from cli.training.trainer import Trainer
 from data.batching import collate
 
 ROOT = Path(__file__).resolve().parent.parent

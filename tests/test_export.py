@@ -13,8 +13,8 @@ import pytest
 import torch
 from test_cli import assert_user_error, tf
 
-from cli.checkpoint import load_for_inference
-from cli.decoding import encode_sources, translate_ids
+from cli.inference.decoding import encode_sources, translate_ids
+from cli.training.checkpoint import load_for_inference
 
 SENTENCES = [
     "Y dijo Dios: Sea la luz.",
@@ -28,7 +28,7 @@ SENTENCES = [
 def sharp(trained, tmp_path_factory) -> Path:
     """The trained tiny run with fresh random weights whose outputs are far from ties (6 updates
     leave near-equal logits, where engines may break a tie either way)."""
-    from cli.checkpoint import build_model, load_checkpoint, save_atomic
+    from cli.training.checkpoint import build_model, load_checkpoint, save_atomic
     from data.tokenizer import Tokenizer
 
     run = tmp_path_factory.mktemp("sharp") / "run"
@@ -74,7 +74,7 @@ def test_ctranslate2_searches_as_tf(sharp, ct2_dir, beam):
     we by GNMT's lp) and at least one token (its beam never returns an empty output)."""
     import ctranslate2
 
-    from cli.engines import translate_ids_ct2
+    from cli.inference.engines import translate_ids_ct2
     from data.tokenizer import Tokenizer
 
     decode = dict(beam_size=beam, length_penalty=0.0, min_len=1)
@@ -103,7 +103,7 @@ def test_ctranslate2_searches_with_the_runs_patience():
     from types import SimpleNamespace
 
     from cli.config import Config
-    from cli.engines import translate_ids_ct2
+    from cli.inference.engines import translate_ids_ct2
 
     calls = []
 
@@ -194,7 +194,7 @@ def test_marian_tokenizer_and_generate_translate_as_tf_greedy(sharp, hf_dir):
 
 def test_exporting_leaves_the_model_unchanged(sharp, tmp_path):
     """CTranslate2 quantizes the arrays it is given in place: they must be copies."""
-    from cli.export_ctranslate2 import export_ctranslate2
+    from cli.exporters.ctranslate2 import export_ctranslate2
 
     model, tok, config = load_for_inference(sharp, torch.device("cpu"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -223,9 +223,9 @@ def test_export_refuses_clearly(trained, tmp_path, monkeypatch):
 
 
 def test_pre_ln_cannot_become_marian(tmp_path, tiny_prefix):
-    from cli.checkpoint import build_model
     from cli.config import load_config
-    from cli.export_marian import export_marian
+    from cli.exporters.marian import export_marian
+    from cli.training.checkpoint import build_model
     from data.errors import InputError
     from data.tokenizer import Tokenizer, train_tokenizer
 

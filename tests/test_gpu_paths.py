@@ -10,11 +10,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cli import device as device_module
-from cli import distributed
 from cli.config import load_config
 from cli.device import autocast_dtype
-from cli.run import rng_state, set_rng_state, start_run
-from cli.trainer import Trainer
+from cli.training import distributed
+from cli.training.run import rng_state, set_rng_state, start_run
+from cli.training.trainer import Trainer
 from data.errors import InputError
 from model.search import beam_search, greedy_search
 
@@ -218,7 +218,7 @@ def test_rank_zero_alone_logs_below_errors(monkeypatch):
 
 
 def test_prefetched_batches_and_resume_states_equal_those_made_in_line(tmp_path, tiny_prefix):
-    from cli.prefetch import Prefetcher, endless
+    from cli.training.prefetch import Prefetcher, endless
 
     trainer = tiny_trainer(tmp_path, tiny_prefix)
     it = trainer.data.train
@@ -240,8 +240,8 @@ def test_prefetched_batches_and_resume_states_equal_those_made_in_line(tmp_path,
 def test_translation_computes_in_decode_precision(trained, precision, dtype):
     from dataclasses import replace
 
-    from cli.checkpoint import load_for_inference
-    from cli.decoding import encode_sources, translate_ids
+    from cli.inference.decoding import encode_sources, translate_ids
+    from cli.training.checkpoint import load_for_inference
 
     cpu = torch.device("cpu")
     model, tok, config = load_for_inference(trained, cpu)

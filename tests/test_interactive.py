@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.decoding import as_they_arrive
+from cli.inference.decoding import as_they_arrive
 from data.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]

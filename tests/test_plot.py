@@ -11,10 +11,10 @@ import torch
 from torch.testing import assert_close
 from typer.testing import CliRunner
 
-from cli.attention import attention_matrix
-from cli.checkpoint import load_for_inference
+from cli.commands.plot import read_metrics
+from cli.inference.heatmaps import attention_matrix
 from cli.main import app
-from cli.plot import read_metrics
+from cli.training.checkpoint import load_for_inference
 from data.batching import collate
 from data.errors import InputError
 

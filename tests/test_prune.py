@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from test_cli import assert_user_error, tf
 
-from cli.checkpoint import load_checkpoint, load_for_inference
-from cli.prune import prune
+from cli.commands.prune import prune
+from cli.training.checkpoint import load_checkpoint, load_for_inference
 from model.transformer import count_parameters
 
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli import distributed
-from cli.checkpoint import load_checkpoint
 from cli.config import load_config
 from cli.main import app
-from cli.optim import inverse_sqrt
-from cli.run import TrainingError, prepare_tokenizer, resume_config, start_run
-from cli.trainer import Trainer
+from cli.training import distributed
+from cli.training.checkpoint import load_checkpoint
+from cli.training.optim import inverse_sqrt
+from cli.training.run import TrainingError, prepare_tokenizer, resume_config, start_run
+from cli.training.trainer import Trainer
 from data.corpus import load_corpus
 from data.tokenizer import Tokenizer
 

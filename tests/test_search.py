@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from benchmarks.uncached import uncached_start
 from cli.config import DecodeConfig
-from cli.decoding import cached_start
+from cli.inference.decoding import cached_start
 from model.search import Hypothesis, beam_search, gnmt_length_penalty, greedy_search
 from model.transformer import ModelConfig, Transformer
 

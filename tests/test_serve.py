@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli.engines import Engine, load_engine
-from cli.serve import Limits, build_app
+from cli.commands.serve import Limits, build_app
+from cli.inference.engines import Engine, load_engine
 from model.search import Hypothesis
 
 pytest.importorskip("uvicorn")  # the `serve` extra; `make test` installs it

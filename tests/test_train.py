@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli import distributed
-from cli.checkpoint import load_checkpoint, load_for_inference
+from cli.commands.train import run_train
 from cli.config import load_config
-from cli.run import TrainingError, resume_config, start_run
-from cli.train import run_train
-from cli.trainer import Trainer
+from cli.training import distributed
+from cli.training.checkpoint import load_checkpoint, load_for_inference
+from cli.training.run import TrainingError, resume_config, start_run
+from cli.training.trainer import Trainer
 from data.batching import collate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,7 +143,7 @@ def test_non_finite_loss_skips_the_update_then_stops(tmp_path, tiny_prefix, monk
         "train.eval_every=0",
         "train.save_every=2",
     )
-    import cli.trainer as train_module
+    import cli.training.trainer as train_module
 
     real = train_module.label_smoothed_cross_entropy
     calls = {"n": 0}

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from cli.checkpoint import CheckpointError, load_checkpoint, save_atomic
 from cli.files import check_output
-from cli.run import RunDir
+from cli.training.checkpoint import CheckpointError, load_checkpoint, save_atomic
+from cli.training.run import RunDir
 
 
 def checkpoints_to_average(sources: list[str], last: int) -> list[Path]:

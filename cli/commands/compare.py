@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 from cli.device import pick_device
-from cli.engines import load_engine
-from cli.scoring import check_parallel, score
+from cli.inference.engines import load_engine
+from cli.inference.scoring import check_parallel, score
 from data.text import read_file_lines
 
 

@@ -18,11 +18,11 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from cli.checkpoint import load_checkpoint, resolve_checkpoint
 from cli.device import pick_device
-from cli.engines import load_engine
-from cli.export_ctranslate2 import is_ctranslate2_dir
+from cli.exporters.ctranslate2 import is_ctranslate2_dir
 from cli.files import atomic_output
+from cli.inference.engines import load_engine
+from cli.training.checkpoint import load_checkpoint, resolve_checkpoint
 from data.corpus import load_corpus
 
 FLUSH_EVERY = 256  # lines between flushes of the partial translation

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from cli.device import pick_device
-from cli.engines import load_engine
-from cli.scoring import check_parallel, score
+from cli.inference.engines import load_engine
+from cli.inference.scoring import check_parallel, score
 from data.errors import InputError
 from data.text import read_file_lines
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from cli.checkpoint import load_for_inference
-from cli.export_ctranslate2 import export_ctranslate2
-from cli.export_marian import export_marian
+from cli.exporters.ctranslate2 import export_ctranslate2
+from cli.exporters.marian import export_marian
+from cli.training.checkpoint import load_for_inference
 from data.errors import InputError
 
 ENGINES = {"ctranslate2": "ctranslate2", "huggingface": "transformers"}

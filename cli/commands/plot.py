@@ -71,7 +71,7 @@ def plot_curves(run_dir: Path, out_png: Path) -> Path:
         out_png.
     """
     from cli.files import atomic_output, check_output
-    from cli.run import RunDir
+    from cli.training.run import RunDir
 
     check_output(out_png)
     train, dev = read_metrics(RunDir(run_dir).metrics)

@@ -17,9 +17,15 @@ from pathlib import Path
 
 import torch
 
-from cli.checkpoint import FORMAT, build_model, load_for_inference, resolve_checkpoint, save_atomic
 from cli.config import Config
 from cli.files import check_output
+from cli.training.checkpoint import (
+    FORMAT,
+    build_model,
+    load_for_inference,
+    resolve_checkpoint,
+    save_atomic,
+)
 from data.errors import InputError
 from data.tokenizer import Tokenizer
 from model.attention import MultiheadAttention

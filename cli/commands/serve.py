@@ -17,10 +17,10 @@ import logging
 from dataclasses import dataclass, replace
 from importlib import resources
 
-from cli.batcher import Batcher
 from cli.config import DecodeConfig
 from cli.device import pick_device
-from cli.engines import Engine, load_engine
+from cli.inference.batcher import Batcher
+from cli.inference.engines import Engine, load_engine
 from data.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def build_app(engine: Engine, name: str, engine_kind: str, limits: Limits | None
 
     limits = limits or Limits()
     batcher = Batcher(engine.search, engine.config.decode.max_tokens, limits.max_wait)
-    page = resources.files("cli").joinpath("page.html").read_text(encoding="utf-8")
+    page = resources.files("cli.commands").joinpath("page.html").read_text(encoding="utf-8")
     data = engine.config.data
     health = {
         "status": "ok",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cli.config import load_config
 from cli.files import check_output
-from cli.run import train_tokenizer_for
+from cli.training.run import train_tokenizer_for
 from data.corpus import load_corpus
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from cli import distributed
 from cli.config import Config, save_config
-from cli.run import RunDir, start_run
-from cli.trainer import Trainer
+from cli.training import distributed
+from cli.training.run import RunDir, start_run
+from cli.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 

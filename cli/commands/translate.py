@@ -16,15 +16,15 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cli.decoding import as_they_arrive, chunks, format_hypotheses
 from cli.device import pick_device
-from cli.engines import load_engine
 from cli.files import atomic_output, check_output
+from cli.inference.decoding import as_they_arrive, chunks, format_hypotheses
+from cli.inference.engines import load_engine
 from data.errors import InputError
 from data.text import read_lines
 
 if TYPE_CHECKING:
-    from cli.attention import AttentionOptions
+    from cli.inference.heatmaps import AttentionOptions
 
 
 def run_translate(
@@ -41,10 +41,10 @@ def run_translate(
     """The `tf translate` command: stdin/FILE to stdout/FILE, with the run's decode settings
     changed by `overrides` (`decode.KEY=VALUE`); RUN may be an exported CTranslate2 directory;
     `int8` runs the PyTorch model's linear layers in dynamic int8; with `attention`, also a
-    heatmap of the cross-attention of each line's best translation (see `cli.attention`)."""
+    heatmap of the cross-attention of each line's best translation (`cli.inference.heatmaps`)."""
     from tqdm import tqdm
 
-    from cli.attention import prepare_attention, write_attention  # matplotlib: optional
+    from cli.inference.heatmaps import prepare_attention, write_attention  # matplotlib: optional
 
     if input_path is not None and not input_path.is_file():
         raise InputError(f"{input_path}: no such file")

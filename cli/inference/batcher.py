@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import astuple, dataclass, field
 
 from cli.config import DecodeConfig
-from cli.engines import Search
+from cli.inference.engines import Search
 from model.search import Hypothesis
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from cli.checkpoint import CheckpointError, load_for_inference
 from cli.config import Config, DecodeConfig, load_config, with_overrides
-from cli.decoding import Grouping, chunks, encode_sources, translate_ids
-from cli.export_ctranslate2 import TF_CONFIG, is_ctranslate2_dir
+from cli.exporters.ctranslate2 import TF_CONFIG, is_ctranslate2_dir
+from cli.inference.decoding import Grouping, chunks, encode_sources, translate_ids
+from cli.training.checkpoint import CheckpointError, load_for_inference
 from data.errors import InputError
 from data.tokenizer import Tokenizer
 from model.search import Hypothesis

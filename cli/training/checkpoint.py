@@ -1,4 +1,4 @@
-"""Checkpoints: RUN/checkpoints/last.pt, best.pt, step_N.pt (see `cli.run` for the rest).
+"""Checkpoints: RUN/checkpoints/last.pt, best.pt, step_N.pt (see `cli.training.run` for the rest).
 
 A checkpoint is a plain dict of tensors and Python values, loadable with
 `torch.load(path, weights_only=True)`: no code is ever unpickled from a file. It is written
@@ -18,7 +18,7 @@ import torch
 
 from cli.config import Config, ConfigError, from_dict
 from cli.files import atomic_output
-from cli.run import RunDir
+from cli.training.run import RunDir
 from data.tokenizer import Tokenizer
 from model.transformer import Transformer
 

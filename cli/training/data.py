@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cli import distributed
 from cli.config import Config
+from cli.training import distributed
 from data.batching import Batch, BatchIterator
 from data.corpus import encode_corpus, filter_pairs, load_corpus, token_ids
 from data.tokenizer import Tokenizer

@@ -5,7 +5,7 @@ carries, and the policy for starting, forcing and resuming a run.
     RUN/tokenizer/           the SentencePiece model(s), and settings.json: what they were
                              trained with (a run reuses them only for the same settings)
     RUN/metrics.jsonl        one JSON object per log line / validation
-    RUN/checkpoints/last.pt, best.pt, step_N.pt   (see `cli.checkpoint`)
+    RUN/checkpoints/last.pt, best.pt, step_N.pt   (see `cli.training.checkpoint`)
 """
 
 from __future__ import annotations

@@ -25,15 +25,23 @@ import torch
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from cli import distributed
-from cli.checkpoint import FORMAT, build_model, load_checkpoint, resolve_checkpoint, save_copies
 from cli.config import Config
-from cli.decoding import translate_ids
 from cli.device import autocast_dtype, configure_device
-from cli.ema import WeightAverage
-from cli.optim import apply_settings, budget_used, build_optimizer
-from cli.prefetch import training_batches
-from cli.run import (
+from cli.inference.decoding import translate_ids
+from cli.inference.scoring import score
+from cli.training import distributed
+from cli.training.checkpoint import (
+    FORMAT,
+    build_model,
+    load_checkpoint,
+    resolve_checkpoint,
+    save_copies,
+)
+from cli.training.data import prepare_data
+from cli.training.ema import WeightAverage
+from cli.training.optim import apply_settings, budget_used, build_optimizer
+from cli.training.prefetch import training_batches
+from cli.training.run import (
     RunDir,
     TrainingError,
     append_metrics,
@@ -42,8 +50,6 @@ from cli.run import (
     set_rng_state,
     truncate_metrics,
 )
-from cli.scoring import score
-from cli.training_data import prepare_data
 from data.batching import Batch
 from data.corpus import load_corpus
 from model.loss import label_smoothed_cross_entropy
