@@ -64,8 +64,11 @@ distill: install
 			--set data.tokenizer=$(TEACHER)/tokenizer; fi
 	$(TF) compare $(TEACHER) $(STUDENT) --src $(SRC) --ref $(REF)
 
+# Every benchmark, its tables and bench-out/bench.json; it prints its estimated time first (about
+# half an hour on a 2-core CPU) and each section's time as it ends. QUICK=1: fewer batches and
+# sentences (`--quick`); `python -m benchmarks.run --smoke` checks that every section runs.
 bench: install
-	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m benchmarks.run $(if $(QUICK),--quick,)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

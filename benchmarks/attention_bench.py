@@ -32,9 +32,11 @@ def written_out(q, k, v, keep, causal):
     return written_out_attention(q, k, v, keep, causal, 0.0)
 
 
-def milliseconds(fn, dtype: torch.dtype, causal: bool, repeats: int = 20) -> float:
-    B, H, T, _ = SHAPE
-    q, k, v = (torch.randn(SHAPE, dtype=dtype, requires_grad=True) for _ in range(3))
+def milliseconds(
+    fn, dtype: torch.dtype, causal: bool, repeats: int = 20, shape: tuple[int, ...] = SHAPE
+) -> float:
+    B, H, T, _ = shape
+    q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=True) for _ in range(3))
     keep = None
     if not causal:  # a key-padding mask: half the sentences 5 positions shorter
         keep = torch.ones(B, 1, 1, T, dtype=torch.bool)
@@ -47,13 +49,16 @@ def milliseconds(fn, dtype: torch.dtype, causal: bool, repeats: int = 20) -> flo
     return (time.perf_counter() - start) / repeats * 1000
 
 
-def run() -> dict:
-    results = {}
+def run(sentences: int = SHAPE[0], repeats: int = 20) -> dict:
+    """Milliseconds of forward + backward per kernel, precision and mask, at `sentences` (B)
+    rows of the `small` batch shape."""
+    shape = (sentences, *SHAPE[1:])
+    results: dict[str, float] = {}
     for dtype, name in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
         for causal in (False, True):
             for label, fn in (("sdpa", fused), ("sdpa_math", math_backend), ("ours", written_out)):
                 key = f"{label}_{name}_{'causal' if causal else 'padding'}_ms"
-                results[key] = milliseconds(fn, dtype, causal)
+                results[key] = milliseconds(fn, dtype, causal, repeats, shape)
     return results
 
 

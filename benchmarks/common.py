@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from data.batching import Batch, BatchIterator
@@ -20,19 +22,39 @@ def corpus_spec(split: str) -> str:
     return f"bundled:bible-es-en/{split}"
 
 
-def bench_tokenizer(vocab_size: int) -> Tokenizer:
-    """A joint BPE tokenizer of the training corpus, trained once and kept in bench-out/."""
-    directory = OUT / f"tokenizer-{vocab_size}"
+def corpus_head(split: str, pairs: int | None = None, out: Path = OUT) -> str:
+    """The split, or its first `pairs` pairs as files written once under `out`: a spec that
+    `load_corpus` and `tf train` both read, so a small run stays small end to end."""
+    if pairs is None:
+        return corpus_spec(split)
+    prefix = out / f"corpus-{split}-{pairs}" / split
+    if not Path(f"{prefix}.en").exists():  # written last: its presence means both are whole
+        head = load_corpus(corpus_spec(split), "es", "en").select(range(pairs))
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        for lang, column in (("es", "src"), ("en", "tgt")):
+            text = "".join(f"{line}\n" for line in head[column])
+            Path(f"{prefix}.{lang}").write_text(text, encoding="utf-8")
+    return str(prefix)
+
+
+def bench_tokenizer(vocab_size: int, pairs: int | None = None, out: Path = OUT) -> Tokenizer:
+    """A joint BPE tokenizer of the training corpus (or its first `pairs` pairs), trained once
+    and kept in `out`."""
+    name = f"tokenizer-{vocab_size}" + ("" if pairs is None else f"-of-{pairs}-pairs")
+    directory = out / name
     if (directory / "joint.model").exists():
         return Tokenizer.load(directory)
-    corpus = load_corpus(corpus_spec("train"), "es", "en")
+    corpus = load_corpus(corpus_head("train", pairs, out), "es", "en")
     return train_tokenizer(corpus["src"], corpus["tgt"], directory, vocab_size=vocab_size, seed=0)
 
 
-def corpus_batches(config, n_batches: int, seed: int = 0) -> tuple[Tokenizer, list[Batch]]:
-    """The first `n_batches` training batches of the corpus under `config`'s token budget."""
-    tokenizer = bench_tokenizer(config.data.vocab_size)
-    encoded = encode_corpus(load_corpus(corpus_spec("train"), "es", "en"), tokenizer)
+def corpus_batches(
+    config, n_batches: int, seed: int = 0, pairs: int | None = None, out: Path = OUT
+) -> tuple[Tokenizer, list[Batch]]:
+    """The first `n_batches` training batches of the corpus (or of its first `pairs` pairs)
+    under `config`'s token budget."""
+    tokenizer = bench_tokenizer(config.data.vocab_size, pairs, out)
+    encoded = encode_corpus(load_corpus(corpus_head("train", pairs, out), "es", "en"), tokenizer)
     iterator = BatchIterator(
         token_ids(encoded, "src_ids"),
         token_ids(encoded, "tgt_ids"),
@@ -49,6 +71,15 @@ def corpus_batches(config, n_batches: int, seed: int = 0) -> tuple[Tokenizer, li
         if len(batches) == n_batches:
             break
     return tokenizer, batches
+
+
+def run_python(*args: str) -> str:
+    """Run `python ARGS` in the checkout, as a user would; its stdout, or its stderr's tail in
+    the error (a failing child is otherwise just an exit status)."""
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"python {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return done.stdout
 
 
 def print_table(rows: list[tuple]) -> None:

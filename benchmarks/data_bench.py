@@ -25,8 +25,13 @@ VOCAB_SIZE = 8000
 MAX_TOKENS = 4096
 
 
-def run(spec: str = SPEC, vocab_size: int = VOCAB_SIZE, max_tokens: int = MAX_TOKENS) -> dict:
-    """Run the measurements, print them as a table and return them.
+def run(
+    spec: str = SPEC,
+    vocab_size: int = VOCAB_SIZE,
+    max_tokens: int = MAX_TOKENS,
+    pairs: int | None = None,
+) -> dict:
+    """Run the measurements on the corpus `spec` (or its first `pairs` pairs) and return them.
 
     A private `datasets` cache makes every step start cold, whatever ran before.
     """
@@ -34,16 +39,18 @@ def run(spec: str = SPEC, vocab_size: int = VOCAB_SIZE, max_tokens: int = MAX_TO
     with tempfile.TemporaryDirectory(prefix="tf-data-bench-") as tmp:
         datasets.config.HF_DATASETS_CACHE = Path(tmp) / "hf"
         try:
-            results = _measure(spec, vocab_size, max_tokens, Path(tmp) / "tokenizer")
+            return _measure(spec, vocab_size, max_tokens, pairs, Path(tmp) / "tokenizer")
         finally:
             datasets.config.HF_DATASETS_CACHE = saved_cache
-    _print_table(results)
-    return results
 
 
-def _measure(spec: str, vocab_size: int, max_tokens: int, tokenizer_dir: Path) -> dict:
+def _measure(
+    spec: str, vocab_size: int, max_tokens: int, pairs: int | None, tokenizer_dir: Path
+) -> dict:
     started = time.perf_counter()
     ds = load_corpus(spec, "es", "en")
+    if pairs is not None:
+        ds = ds.select(range(min(pairs, len(ds))))
     load_s = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -96,7 +103,7 @@ def _measure(spec: str, vocab_size: int, max_tokens: int, tokenizer_dir: Path) -
     }
 
 
-def _print_table(results: dict) -> None:
+def print_results(results: dict) -> None:
     rows = [
         ("corpus pairs", f"{results['pairs']:,}"),
         ("load (datasets, cold)", f"{results['load_s']:.2f} s"),
@@ -121,4 +128,4 @@ def _print_table(results: dict) -> None:
 
 if __name__ == "__main__":
     datasets.disable_progress_bars()
-    run()
+    print_results(run())

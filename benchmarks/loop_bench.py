@@ -14,54 +14,79 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
+from pathlib import Path
 
 import torch
 
-from benchmarks.common import OUT, ROOT, corpus_batches, corpus_spec, print_table
+from benchmarks.common import (
+    OUT,
+    corpus_batches,
+    corpus_head,
+    print_table,
+    run_python,
+)
 from benchmarks.train_bench import build, time_pass
 from cli.config import load_config
 from cli.device import configure_device
 
 
-def tf_train_loop(config_name: str, updates: int, precision: str, *sets: str) -> float:
+def tf_train_loop(
+    config_name: str,
+    updates: int,
+    precision: str,
+    train_spec: str,
+    dev_spec: str,
+    out: Path = OUT,
+    log_every: int = 25,
+) -> float:
     """Mean target tokens/s of the log windows of a `tf train` run, the first one excluded."""
-    out = OUT / f"loop-{config_name}-{precision}"
+    run_dir = out / f"loop-{config_name}-{precision}"
     overrides = [
-        f"data.train={corpus_spec('train')}",
-        f"data.dev={corpus_spec('dev')}",
+        f"data.train={train_spec}",
+        f"data.dev={dev_spec}",
         f"train.max_steps={updates}",
         f"train.precision={precision}",
         "train.eval_every=0",
         "train.eval_bleu_sentences=10",  # the one validation at the end: kept short
         "train.save_every=0",
-        "train.log_every=25",
-        *sets,
+        f"train.log_every={log_every}",
     ]
-    command = [sys.executable, "-m", "cli.main", "train", f"configs/{config_name}.yaml"]
-    command += ["--out", str(out), "--force"] + [a for s in overrides for a in ("--set", s)]
-    subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+    sets = [a for s in overrides for a in ("--set", s)]
+    command = ["-m", "cli.main", "train", f"configs/{config_name}.yaml", "--out", str(run_dir)]
+    run_python(*command, "--force", *sets)
     windows = [
         record["tokens_per_s"]
-        for line in (out / "metrics.jsonl").read_text().splitlines()
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
         if "tokens_per_s" in (record := json.loads(line))
     ]
     return statistics.mean(windows[1:])
 
 
-def run(config_name: str = "small", updates: int = 150, precisions=("fp32", "bf16")) -> dict:
+def run(
+    config_name: str = "small",
+    updates: int = 150,
+    precisions: tuple[str, ...] = ("fp32", "bf16"),
+    pairs: int | None = None,
+    out: Path = OUT,
+    log_every: int = 25,
+    dev_pairs: int | None = None,
+) -> dict:
+    """`tf train` tokens/s per precision, each between two timings of the reference step; on
+    the corpus (or its first `pairs` pairs; validated once at the end on the first `dev_pairs`
+    of dev), runs and tokenizer in `out`. Set `log_every` to leave at least two log windows in
+    `updates` (the first is warm-up)."""
     cpu = torch.device("cpu")
     configure_device(cpu)
     config = load_config(config_name)
-    tokenizer, batches = corpus_batches(config, 6)
+    tokenizer, batches = corpus_batches(config, 6, pairs=pairs, out=out)
     tokens = sum(b.n_tgt_tokens for b in batches)
     reference = build("reference", config, tokenizer, cpu)
     time_pass(reference, batches[:2], None, cpu)  # warm-up
+    train_spec, dev_spec = corpus_head("train", pairs, out), corpus_head("dev", dev_pairs, out)
     results: dict = {"config": config_name, "updates": updates}
     for precision in precisions:
         before = time_pass(reference, batches, None, cpu)
-        loop = tf_train_loop(config_name, updates, precision)
+        loop = tf_train_loop(config_name, updates, precision, train_spec, dev_spec, out, log_every)
         after = time_pass(reference, batches, None, cpu)
         ref = tokens / ((before + after) / 2)
         results[f"tf_loop_{precision}_tokens_per_s"] = loop

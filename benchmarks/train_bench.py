@@ -15,8 +15,6 @@ import argparse
 import math
 import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from contextlib import nullcontext
@@ -27,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.common import corpus_batches, print_table
+from benchmarks.common import OUT, corpus_batches, print_table, run_python
 from cli.config import load_config
 from cli.device import configure_device
 from cli.training.optim import build_optimizer
@@ -172,10 +170,8 @@ def peak_rss_mb(which: str, config_name: str, precision: str, batches, tokenizer
             "from benchmarks.train_bench import memory_probe; "
             f"memory_probe({which!r}, {config_name!r}, {precision!r}, {str(path)!r}, {vocab})"
         )
-        out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True
-        )
-    return float(out.stdout.strip().splitlines()[-1])
+        stdout = run_python("-c", code)
+    return float(stdout.strip().splitlines()[-1])
 
 
 def memory_probe(
@@ -261,12 +257,15 @@ def run(
     precisions: tuple[str, ...] = ("fp32", "bf16"),
     compile: bool = False,
     memory: bool = True,
+    pairs: int | None = None,
+    out: Path = OUT,
 ) -> dict:
-    """Tokens/s of each model and precision (medians of alternating repeats), ratios, memory."""
+    """Tokens/s of each model and precision (medians of alternating repeats), ratios, memory;
+    on the corpus's first batches (of its first `pairs` pairs), tokenizer kept in `out`."""
     device = torch.device(device_name)
     configure_device(device)  # as `tf train` does; process-wide, so for both models alike
     config = load_config(config_name)
-    tokenizer, batches = corpus_batches(config, n_batches)
+    tokenizer, batches = corpus_batches(config, n_batches, pairs=pairs, out=out)
     batches = [b.to(device) for b in batches]
     tokens = sum(b.n_tgt_tokens for b in batches)
     names = ("tf", "reference", "reference_matched")
@@ -330,7 +329,7 @@ def print_results(r: dict, precisions: tuple[str, ...]) -> None:
                     f"{r[f'{key}_vs_reference_{base}']:.2f}x",
                     f"{r[f'{key}_tflops']:.2f}",
                     f"{r[f'{key}_mfu']:.1%}" if f"{key}_mfu" in r else "-",
-                    f"{r.get(f'{key}_peak_mb', float('nan')):,.0f}",
+                    f"{r[f'{key}_peak_mb']:,.0f}" if f"{key}_peak_mb" in r else "-",
                 )
             )
     print_table(rows)

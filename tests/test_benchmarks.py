@@ -1,0 +1,168 @@
+"""`make bench` runs to its last table: every section at the smoke size (`tiny`, a handful of
+batches and sentences) returns the fields its table prints, then `benchmarks.run --smoke` end
+to end. Nothing else runs a benchmark, so a signature change in cli/ or model/ would otherwise
+break `make bench` silently (as one did, half-way through, in the decoding section)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import run, train_bench
+from benchmarks.common import corpus_batches
+from benchmarks.run import SMOKE
+from cli.config import load_config
+from cli.device import autocast_dtype
+
+CT2 = importlib.util.find_spec("ctranslate2") is not None  # the `export` extra; CI has it
+PRECISIONS = ("fp32", "bf16")
+SEARCHES = ("greedy", "beam5")
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory):
+    """One results folder for the module: the corpus head, tokenizers and the trained model are
+    made once. The working directory is it too, so a user's runs/tiny is not decoded here."""
+    folder = tmp_path_factory.mktemp("bench")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def trained(out: Path) -> Path:
+    """`tiny` trained for a few updates through `tf train`'s function, once for all decoders."""
+    return run.trained_run(SMOKE, out)
+
+
+def assert_numbers(r: dict, keys: list[str]) -> None:
+    missing = [key for key in keys if key not in r]
+    assert not missing, f"missing {missing}"
+    bad = {key: r[key] for key in keys if not (math.isfinite(r[key]) and r[key] > 0)}
+    assert not bad, f"not positive: {bad}"
+
+
+def test_data(out, capsys):
+    r = run.data_section(SMOKE, out)
+    assert r["pairs"] == SMOKE.pairs and r["vocab_size"] == 100 and r["max_tokens"] == 512
+    keys = ["load_s", "tokenizer_train_s", "encode_s", "encode_cached_s", "mean_src_tokens"]
+    keys += ["mean_tgt_tokens", "batch_plan_s", "epoch_collate_s", "batches"]
+    assert_numbers(r, [*keys, "sentences_per_batch", "padding_efficiency"])
+    assert "padding efficiency" in capsys.readouterr().out
+
+
+def test_train(out, capsys):
+    r = run.train_section(SMOKE, out)
+    keys = [
+        f"{name}_{precision}_{field}"
+        for name in ("tf", "reference", "reference_matched")
+        for precision in PRECISIONS
+        for field in ("tokens_per_s", "vs_reference_fp32", "tflops")
+    ]
+    assert_numbers(r, keys)
+    assert r["batches"] == SMOKE.batches
+    assert "reference_matched" in capsys.readouterr().out
+    # The peak memory column, off at the smoke size (a fresh process per model): one probe.
+    tokenizer, batches = corpus_batches(load_config("tiny"), 1, pairs=SMOKE.pairs, out=out)
+    assert 0 < train_bench.peak_rss_mb("tf", "tiny", "bf16", batches, tokenizer) < 100_000
+
+
+def test_loop(out, capsys):
+    """`tf train` launched as a user does, a few updates of `tiny`."""
+    r = run.loop_section(SMOKE, out)
+    assert (r["config"], r["updates"]) == ("tiny", SMOKE.loop_updates)
+    keys = [
+        f"{prefix}_{precision}_{suffix}"
+        for precision in SMOKE.loop_precisions
+        for prefix, suffix in (
+            ("tf_loop", "tokens_per_s"),
+            ("reference_fp32_around", "tokens_per_s"),
+            ("tf_loop", "vs_reference_fp32"),
+        )
+    ]
+    assert_numbers(r, keys)
+    precision = SMOKE.loop_precisions[-1]
+    assert f"tiny {precision}, {SMOKE.loop_updates} updates" in capsys.readouterr().out
+
+
+def test_attention(out, capsys):
+    r = run.attention_section(SMOKE, out)
+    keys = [
+        f"{kernel}_{precision}_{mask}_ms"
+        for kernel in ("sdpa", "sdpa_math", "ours")
+        for precision in PRECISIONS
+        for mask in ("padding", "causal")
+    ]
+    assert_numbers(r, keys)
+    assert "fp32, causal" in capsys.readouterr().out
+
+
+def test_decode(out, trained, capsys):
+    """Cached and uncached search, greedy and beam 5, over the same sentences."""
+    r = run.decode_section(SMOKE, out)
+    assert r["run"] == str(trained) and r["sentences"] == SMOKE.sentences
+    fields = ("sentences_per_s", "tokens_per_s", "uncached_tokens_per_s", "speedup_vs_uncached")
+    assert_numbers(r, [f"{search}_{field}" for search in SEARCHES for field in fields])
+    assert "cache speed-up" in capsys.readouterr().out
+
+
+def test_engines(out, trained, capsys):
+    """Every engine `tf translate` can use, the CTranslate2 exports included where installed."""
+    r = run.engines_section(SMOKE, out)
+    engines = ["tf_fp32", "tf_int8"]
+    engines += ["tf_bf16"] if autocast_dtype("auto", torch.device("cpu")) == torch.bfloat16 else []
+    engines += ["ct2_float32", "ct2_int8"] if CT2 else []
+    keys = [
+        f"{engine}_{search}_{field}"
+        for engine in engines
+        for search in SEARCHES
+        for field in ("sentences_per_s", "tokens_per_s", "tokens")
+    ]
+    assert_numbers(r, keys)
+    assert all(f"{engine}_{search}_bleu" in r for engine in engines for search in SEARCHES)
+    table = capsys.readouterr().out
+    assert all(engine in table for engine in engines)
+
+
+def test_scaling(out, trained, capsys):
+    r = run.scaling_section(SMOKE, out)
+    assert list(r["train"]) == list(SMOKE.scaling_configs)
+    assert_numbers(r["train"], list(SMOKE.scaling_configs))
+    assert r["decode"], "no source-length bucket decoded"
+    for bucket in r["decode"].values():
+        assert_numbers(bucket, ["sentences", "greedy_ms", "beam5_ms", "greedy_out_tokens"])
+        assert bucket["sentences"] <= SMOKE.per_bucket
+    assert "vs tiny" in capsys.readouterr().out
+
+
+def test_run_smoke_end_to_end(out, trained, capsys):
+    """`python -m benchmarks.run --smoke`: an estimate first, each section timed, bench.json."""
+    run.main(["--smoke", "--out", str(out)])
+    printed = capsys.readouterr().out
+    sections = [name for name, _ in run.SECTIONS]
+    bench = json.loads((out / "bench.json").read_text())
+    assert bench["size"] == "smoke"
+    assert all(bench[name] for name in sections)
+    assert list(bench["section_seconds"]) == sections
+    assert printed.startswith("benchmarks at smoke size: about ")
+    assert all(f"section {name}: " in printed for name in sections)
+    assert printed.index("section decode: ") < printed.index("== the same model")
+    check_corpus(bench["corpus"])
+    assert set(bench["serve"]["serve"]) == {"1", "4"}  # JSON keys: the clients of smoke size
+
+
+def check_corpus(results: dict) -> None:
+    """The corpus section's fields (run in the end-to-end smoke run: three `tf train` launches)."""
+    (start,) = results.values()
+    first, cached, ranks = start["first"], start["cached"], start["two_ranks"]
+    assert {"reading", "cleaning", "encoding / cached ids", "model + 1 update"} <= set(
+        first["stages"]
+    )
+    assert "cleaning" not in cached["stages"]  # the cached start does not clean again
+    assert len(ranks["ranks"]) >= 2 and all(r["peak_pss_gb"] > 0 for r in ranks["ranks"])
+    assert start["disk_gb"] > 0 and first["seconds_to_first_update"] > 0
