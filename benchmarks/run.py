@@ -1,12 +1,15 @@
 """`make bench`: every benchmark in one run, printed as tables and written as JSON.
 
-    python -m benchmarks.run [--quick]
+    python -m benchmarks.run [--quick | --smoke] [--out bench-out]
 
 Data pipeline (tokenizer, encoding, batching, padding efficiency); training throughput of
 `small` against the torch.nn.Transformer reference (alternating, fp32 and CPU bf16), for one
 isolated step and for the `tf train` loop as launched; one attention's forward and backward
 per kernel; decoding throughput of greedy and beam 5 against uncached decoding and against
-CTranslate2 on the same model. Results: bench-out/bench.json.
+CTranslate2 on the same model; how cost grows with the model and the sentence. Results:
+OUT/bench.json. `--quick` measures fewer batches and sentences; `--smoke` runs every section
+on `tiny` with a handful of batches and sentences, to show the suite still runs
+(tests/test_benchmarks.py): its numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -15,76 +18,344 @@ import argparse
 import json
 import platform
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import datasets
 import torch
 
 from benchmarks import (
     attention_bench,
+    corpus_bench,
     data_bench,
     decode_bench,
     engines_bench,
     loop_bench,
     scaling_bench,
+    serve_bench,
     train_bench,
 )
-from benchmarks.common import OUT
+from benchmarks.common import OUT, corpus_head
+from cli.config import load_config
 
 
-def main() -> None:
+@dataclass(frozen=True)
+class Size:
+    """How much work each section does. The model config also gives the data and scaling
+    sections their vocabulary and batch budget (`small`: 8,000 pieces, 4,096 tokens)."""
+
+    name: str
+    config: str  # the model timed, trained and decoded
+    pairs: int | None  # training pairs read, from the top (None: the whole 28k corpus)
+    dev_pairs: int | None  # dev pairs the runs trained here validate on (None: all 1,000)
+    batches: int  # train: real batches in each timed pass ...
+    repeats: int  # ... and alternating passes per model, the median kept ...
+    train_memory: bool  # ... and each model's peak memory, in a fresh process each (seconds)
+    loop_precisions: tuple[str, ...]  # loop: a `tf train` launched for each ...
+    loop_updates: int  # ... its updates ...
+    loop_log_every: int  # ... and its log windows (the first one is left out as warm-up)
+    attention_sentences: int  # attention: B of the (B, 4 heads, 36 positions, 64) shape ...
+    attention_repeats: int  # ... and timed passes per kernel
+    decode_training: tuple[str, ...]  # decode: `--set`s of the model trained when none exists
+    sentences: int  # decode, engines: test.es sentences translated
+    uncached_sentences: int  # decode: those of them decoded again without the KV cache
+    engine_repeats: int  # engines: alternating passes, the fastest kept
+    scaling_configs: tuple[str, ...]  # scaling: models trained on the same batches ...
+    scaling_batches: int  # ... how many of them ...
+    per_bucket: int  # ... and sentences decoded per source-length bucket
+    serve_sentences: int  # serve: test.es sentences sent to `tf serve` ...
+    serve_clients: tuple[int, ...]  # ... by this many concurrent clients, in turn
+    corpus_pairs: tuple[int, ...]  # corpus: numbered copies of the pairs, `tf train` started
+    estimate_s: dict[str, float]  # seconds per section on a 2-core CPU (rounded, by hand)
+
+
+FULL = Size(
+    name="full",
+    config="small",
+    pairs=None,
+    dev_pairs=None,
+    batches=6,
+    repeats=3,
+    train_memory=True,
+    loop_precisions=("fp32", "bf16"),
+    loop_updates=150,
+    loop_log_every=25,
+    attention_sentences=64,
+    attention_repeats=20,
+    decode_training=decode_bench.SMALL_TRAINING,
+    sentences=1000,
+    uncached_sentences=200,
+    engine_repeats=2,
+    scaling_configs=scaling_bench.CONFIGS,
+    scaling_batches=3,
+    per_bucket=40,
+    serve_sentences=300,
+    serve_clients=(1, 8, 32),
+    corpus_pairs=(1_000_000, 10_000_000),
+    # The first four: 11 minutes in all, as a user timed them (data and attention timed
+    # here); decode, engines and scaling reckoned from 100-sentence runs of `small` on 2 cores
+    # and its 3 minutes of training. bench.json keeps each section's seconds: correct from it.
+    estimate_s={
+        "data": 10,
+        "train": 180,
+        "loop": 420,
+        "attention": 45,
+        "decode": 360,
+        "engines": 720,  # five engines, two searches, twice: 20,000 translations
+        "scaling": 150,
+        "serve": 120,
+        "corpus": 2400,  # 1M pairs: 6 min; 10M: half an hour (3 starts each)
+    },
+)
+QUICK = replace(
+    FULL,
+    name="quick",
+    batches=3,
+    repeats=2,
+    loop_updates=60,
+    sentences=300,
+    uncached_sentences=60,
+    per_bucket=20,
+    serve_sentences=100,
+    corpus_pairs=(1_000_000,),
+    estimate_s={
+        "data": 10,
+        "train": 90,
+        "loop": 230,
+        "attention": 45,
+        "decode": 260,
+        "engines": 220,
+        "scaling": 100,
+        "serve": 60,
+        "corpus": 400,
+    },
+)
+SMOKE = Size(
+    name="smoke",
+    config="tiny",
+    pairs=2000,
+    dev_pairs=40,  # each run's one validation, at its end, reads all (1,000 took `tiny` 13 s)
+    batches=2,
+    repeats=1,
+    train_memory=False,  # six processes starting torch: most of the section's time
+    loop_precisions=("bf16",),  # the same code as fp32, and a process less to start
+    loop_updates=9,
+    loop_log_every=3,
+    attention_sentences=8,
+    attention_repeats=2,
+    decode_training=(
+        "train.max_steps=10",
+        "train.eval_every=0",
+        "train.save_every=0",
+        "train.eval_bleu_sentences=4",
+        # Ten updates teach no EOS: without a short limit every output runs to src_len + 10.
+        "decode.max_len_a=0",
+        "decode.max_len_b=12",
+    ),
+    sentences=16,
+    uncached_sentences=4,
+    engine_repeats=1,
+    scaling_configs=("tiny", "small"),
+    scaling_batches=2,
+    per_bucket=2,
+    serve_sentences=8,
+    serve_clients=(1, 4),
+    corpus_pairs=(3000,),
+    estimate_s={
+        "data": 1,
+        "train": 2,
+        "loop": 12,  # a `tf train` process starting
+        "attention": 1,
+        "decode": 3,  # training `tiny` included
+        "engines": 1,
+        "scaling": 1,
+        "serve": 8,
+        "corpus": 40,  # three `tf train` launches, one of 2 ranks
+    },
+)
+
+
+def budget(size: Size) -> tuple[int, int]:
+    """The vocabulary size and batch token budget of the size's model config."""
+    config = load_config(size.config)
+    return config.data.vocab_size, config.train.max_tokens
+
+
+def trained_run(size: Size, out: Path) -> Path:
+    """The run decoded: a user's runs/CONFIG, else one trained once into OUT/CONFIG."""
+    train, dev = corpus_head("train", size.pairs, out), corpus_head("dev", size.dev_pairs, out)
+    sets = (f"data.train={train}", f"data.dev={dev}", *size.decode_training)
+    return decode_bench.default_run(out, size.config, sets)
+
+
+# A section prints its heading, measures at `size` (keeping files in `out`), prints its table
+# and returns what it measured.
+
+
+def data_section(size: Size, out: Path) -> dict:
+    vocab_size, max_tokens = budget(size)
+    corpus = "28k-pair corpus" if size.pairs is None else f"first {size.pairs:,} pairs"
+    print(f"\n== data pipeline ({corpus}, vocab {vocab_size}, max_tokens {max_tokens})")
+    r = data_bench.run(data_bench.SPEC, vocab_size, max_tokens, size.pairs)
+    data_bench.print_results(r)
+    return r
+
+
+def train_section(size: Size, out: Path) -> dict:
+    print(
+        f"\n== training step of `{size.config}`: tf vs torch.nn.Transformer, same batches and loss"
+    )
+    r = train_bench.run(
+        size.config,
+        size.batches,
+        size.repeats,
+        memory=size.train_memory,
+        pairs=size.pairs,
+        out=out,
+    )
+    train_bench.print_results(r, ("fp32", "bf16"))
+    return r
+
+
+def loop_section(size: Size, out: Path) -> dict:
+    print("\n== the `tf train` loop as launched, vs the torch.nn.Transformer fp32 reference step")
+    r = loop_bench.run(
+        size.config,
+        size.loop_updates,
+        size.loop_precisions,
+        pairs=size.pairs,
+        out=out,
+        log_every=size.loop_log_every,
+        dev_pairs=size.dev_pairs,
+    )
+    loop_bench.print_results(r)
+    return r
+
+
+def attention_section(size: Size, out: Path) -> dict:
+    B = size.attention_sentences
+    print(f"\n== one attention, forward + backward, CPU ({B} x 4 heads x 36 positions)")
+    r = attention_bench.run(B, size.attention_repeats)
+    attention_bench.print_results(r)
+    return r
+
+
+def decode_section(size: Size, out: Path) -> dict:
+    print(f"\n== decoding test.es with a trained `{size.config}`: KV cache vs full recomputation")
+    run_dir = trained_run(size, out)
+    r = decode_bench.run(run_dir, size.sentences, size.uncached_sentences)
+    r["run"] = str(run_dir)
+    decode_bench.print_results(r)
+    return r
+
+
+def engines_section(size: Size, out: Path) -> dict:
+    print("\n== the same model and sentences through each engine: tf fp32/int8, CTranslate2")
+    r = engines_bench.run(trained_run(size, out), size.sentences, size.engine_repeats)
+    engines_bench.print_results(r)
+    return r
+
+
+def scaling_section(size: Size, out: Path) -> dict:
+    growth = " -> ".join(size.scaling_configs)
+    print(f"\n== cost as work grows: training {growth}; decoding by source length")
+    vocab_size, max_tokens = budget(size)
+    r = scaling_bench.run(
+        trained_run(size, out),
+        size.scaling_configs,
+        size.scaling_batches,
+        size.per_bucket,
+        vocab_size,
+        max_tokens,
+        size.pairs,
+        out,
+    )
+    scaling_bench.print_results(r)
+    return r
+
+
+def serve_section(size: Size, out: Path) -> dict:
+    print(f"\n== `tf serve` on loopback, {size.serve_clients} clients, vs `tf translate`")
+    sentences = decode_bench.source_sentences(size.serve_sentences)
+    r = serve_bench.run(trained_run(size, out), sentences, size.serve_clients)
+    serve_bench.print_results(r)
+    return r
+
+
+def corpus_section(size: Size, out: Path) -> dict:
+    pairs = ", ".join(f"{n:,}" for n in size.corpus_pairs)
+    print(f"\n== `tf train {size.config}` to its first update on {pairs} numbered pairs")
+    r = corpus_bench.run(size.corpus_pairs, out, size.config)
+    corpus_bench.print_results(r)
+    return r
+
+
+SECTIONS: list[tuple[str, Callable[[Size, Path], dict]]] = [
+    ("data", data_section),
+    ("train", train_section),
+    ("loop", loop_section),
+    ("attention", attention_section),
+    ("decode", decode_section),
+    ("engines", engines_section),
+    ("scaling", scaling_section),
+    ("serve", serve_section),
+    ("corpus", corpus_section),
+]
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def print_estimate(size: Size) -> None:
+    """What the run will cost, before it starts: `make bench` takes a while."""
+    total = sum(size.estimate_s.values())
+    parts = ", ".join(f"{name} {duration(s)}" for name, s in size.estimate_s.items())
+    print(f"benchmarks at {size.name} size: about {duration(total)} on a 2-core CPU ({parts})")
+    training = f"`{size.config}` with {size.decode_training[0]}"
+    print(f"  (an estimate; decode includes training {training} when there is none)", flush=True)
+
+
+def machine() -> dict:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "processor": platform.processor() or platform.machine(),
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer batches and sentences")
-    args = parser.parse_args()
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="fewer batches and sentences")
+    sizes.add_argument("--smoke", action="store_true", help="tiny: does every section run?")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"results folder ({OUT.name})")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run every section at the size asked for, print each table and the time it took; write
+    and return the results."""
+    args = parse_args(argv)
+    size = SMOKE if args.smoke else QUICK if args.quick else FULL
     datasets.disable_progress_bars()
     torch.manual_seed(0)
+    print_estimate(size)
+    results: dict = {"machine": machine(), "size": size.name, "section_seconds": {}}
     started = time.perf_counter()
-    results: dict = {
-        "machine": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "processor": platform.processor() or platform.machine(),
-        }
-    }
-
-    print("\n== data pipeline (28k-pair corpus, vocab 8000, max_tokens 4096)")
-    results["data"] = data_bench.run()
-
-    print("\n== training step of `small`: tf vs torch.nn.Transformer, same batches and loss")
-    n_batches, repeats = (3, 2) if args.quick else (6, 3)
-    results["train"] = train_bench.run("small", n_batches, repeats)
-    train_bench.print_results(results["train"], ("fp32", "bf16"))
-
-    print("\n== the `tf train` loop as launched, vs the torch.nn.Transformer fp32 reference step")
-    results["loop"] = loop_bench.run("small", 60 if args.quick else 150)
-    loop_bench.print_results(results["loop"])
-
-    print("\n== one attention, forward + backward, CPU (64 x 4 heads x 36 positions)")
-    results["attention"] = attention_bench.run()
-    attention_bench.print_results(results["attention"])
-
-    print("\n== decoding test.es with a trained `small`: KV cache vs full recomputation")
-    sentences, uncached = (300, 60) if args.quick else (1000, 200)
-    run_dir = decode_bench.default_run()
-    results["decode"] = decode_bench.run(run_dir, sentences, uncached)
-    results["decode"]["run"] = str(run_dir)
-    decode_bench.print_results(results["decode"])
-
-    print("\n== the same model and sentences through each engine: tf fp32/int8, CTranslate2")
-    results["engines"] = engines_bench.run(run_dir, sentences)
-    engines_bench.print_results(results["engines"])
-
-    print("\n== cost as work grows: training tiny -> small -> base; decoding by source length")
-    results["scaling"] = {
-        "train": scaling_bench.training(),
-        "decode": scaling_bench.decoding(run_dir, 20 if args.quick else 40),
-    }
-    scaling_bench.print_results(results["scaling"]["train"], results["scaling"]["decode"])
-
+    for name, section in SECTIONS:
+        section_started = time.perf_counter()
+        results[name] = section(size, args.out)
+        seconds = time.perf_counter() - section_started
+        results["section_seconds"][name] = seconds
+        print(f"section {name}: {seconds:.0f} s", flush=True)
     results["seconds"] = time.perf_counter() - started
-    OUT.mkdir(exist_ok=True)
-    (OUT / "bench.json").write_text(json.dumps(results, indent=2))
-    print(f"\n{results['seconds']:.0f} s in all; results in {OUT / 'bench.json'}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.json").write_text(json.dumps(results, indent=2))
+    print(f"\n{results['seconds']:.0f} s in all; results in {args.out / 'bench.json'}")
+    return results
 
 
 if __name__ == "__main__":

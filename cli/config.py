@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from cli.device import DEVICE_PATTERN
+from cli.files import atomic_output
 from model.transformer import ModelConfig
 
 
@@ -27,10 +28,19 @@ class ConfigError(Exception):
 
 
 @dataclass
+class CorpusConfig:
+    """One training corpus of a mix (`data.train` as a list)."""
+
+    corpus: str  # any spec: PREFIX, .tsv, .jsonl, hf:NAME[:CFG][@SPLIT], bundled:NAME/SPLIT
+    weight: float = 1.0  # its pairs are seen `weight` times per epoch (a fraction: a subset)
+    tag: str = ""  # a reserved piece put before every source sentence of it, e.g. "<bt>"
+
+
+@dataclass
 class DataConfig:
-    train: str = (
-        "bundled:bible-es-en/train"  # corpus spec: PREFIX, .tsv, .jsonl, hf:NAME[:CFG][@SPLIT]
-    )
+    # A corpus spec (PREFIX, .tsv, .jsonl, hf:NAME[:CFG][@SPLIT], bundled:NAME/SPLIT), or a list
+    # of corpora with weights and tags: [{corpus: SPEC, weight: 4, tag: "<bt>"}, ...].
+    train: str | list[CorpusConfig] = "bundled:bible-es-en/train"
     dev: str = "bundled:bible-es-en/dev"
     test: str = "bundled:bible-es-en/test"
     src_lang: str = "es"
@@ -43,6 +53,18 @@ class DataConfig:
     max_len_ratio: float = (
         3.0  # pairs whose longer side is more than this times the other are dropped
     )
+    # Drop duplicate pairs, untranslated copies, pairs of the dev or test set, and junk (no
+    # letters, mostly digits, punctuation or URLs): see data/clean.py. Counts go to RUN/data.json.
+    clean: bool = True
+
+    def corpora(self) -> list[CorpusConfig]:
+        """`train` as a list: a single spec is one corpus of weight 1, untagged."""
+        return [CorpusConfig(self.train)] if isinstance(self.train, str) else list(self.train)
+
+    def tags(self) -> list[str]:
+        """The tags of the training corpora, each once, in order (the tokenizer reserves them)."""
+        return list(dict.fromkeys(c.tag for c in self.corpora() if c.tag))
+
     # A trained tokenizer folder to use instead of training one (a distilled student uses its
     # teacher's, RUN/tokenizer); the vocabulary settings above then do not apply.
     tokenizer: str = ""
@@ -216,10 +238,16 @@ def from_dict(cls: type, raw: Any, source: str, prefix: str = "") -> Any:
         if key not in names:
             raise ConfigError(f"{source}: unknown key '{dotted}'{suggest(key, names, prefix)}")
         hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            values[key] = from_dict(hint, value, source, f"{dotted}.")
-        else:
-            values[key] = check_type(value, hint, dotted, source)
+        values[key] = check_type(value, hint, dotted, source)
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in values
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"{source}: {prefix.rstrip('.')} needs {', '.join(missing)}")
     return cls(**values)
 
 
@@ -230,6 +258,8 @@ def suggest(key: str, names: list[str], prefix: str) -> str:
 
 def check_type(value: Any, hint: Any, dotted: str, source: str) -> Any:
     """Return `value` if it fits `hint` (ints are accepted for floats), else raise ConfigError."""
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, source, f"{dotted}.")
     origin = typing.get_origin(hint)
     if origin is Literal:
         if value in typing.get_args(hint):
@@ -241,7 +271,8 @@ def check_type(value: Any, hint: Any, dotted: str, source: str) -> Any:
             try:
                 return check_type(value, arg, dotted, source)
             except ConfigError:
-                pass
+                if isinstance(value, list) and typing.get_origin(arg) is list:
+                    raise  # the list's own problem says more than "the wrong type"
         raise ConfigError(f"{source}: {dotted} has the wrong type: got {value!r}")
     if origin is list:
         (item_hint,) = typing.get_args(hint)
@@ -308,6 +339,18 @@ def check_config(config: Config, source: str) -> Config:
         fail(f"data.vocab_size must be 8 or more, got {d.vocab_size}")
     if not 0 < d.character_coverage <= 1:
         fail(f"data.character_coverage must be in (0, 1], got {d.character_coverage}")
+    if not d.corpora():
+        fail("data.train is an empty list: name at least one corpus")
+    for i, c in enumerate(d.corpora()):
+        where = "data.train" if isinstance(d.train, str) else f"data.train[{i}]"
+        if not c.corpus.strip():
+            fail(f"{where}: no corpus spec")
+        if not c.weight > 0:
+            fail(f"{where}.weight must be positive, got {c.weight}")
+        if c.tag and (
+            c.tag != "".join(c.tag.split()) or c.tag in ("<s>", "</s>", "<pad>", "<unk>")
+        ):
+            fail(f"{where}.tag {c.tag!r} must be one word, not a special piece")
     if d.max_len_ratio < 1:
         fail(f"data.max_len_ratio must be 1 or more, got {d.max_len_ratio}")
     if d.max_len >= m.max_positions:  # a target of max_len pieces is max_len + 1 with BOS
@@ -330,7 +373,11 @@ def check_config(config: Config, source: str) -> Config:
 
 
 def save_config(config: Config, path: Path) -> None:
-    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+    """Write `config` as YAML, atomically: a run's config.yaml is rewritten on every resume, and
+    one cut short by a kill or a full disk would leave a run that cannot resume."""
+    text = yaml.safe_dump(config.to_dict(), sort_keys=False)
+    with atomic_output(path) as f:
+        f.write(text)
 
 
 def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from contextlib import AbstractContextManager, nullcontext
 
@@ -49,6 +50,10 @@ def autocast_dtype(
             raise InputError(f"{setting}: fp16 needs a CUDA device; use bf16 or auto")
         return torch.float16
     if precision == "bf16":
+        # Every CPU computes bf16 (emulated where not native, slower but right); a GPU too old
+        # to hold bf16 tensors at all would fail at the first autocast.
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise InputError(f"{setting}: bf16 is not supported by this GPU; use fp16 or auto")
         return torch.bfloat16
     if device.type == "cuda":
         # Without `including_emulation=False` a V100 or T4 says yes and runs bf16 emulated.
@@ -56,6 +61,15 @@ def autocast_dtype(
         return torch.bfloat16 if native else torch.float16
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     return torch.bfloat16 if native else None
+
+
+def make_deterministic(device: torch.device) -> None:
+    """torch.use_deterministic_algorithms, with what it needs on CUDA: a fixed cuBLAS workspace.
+    Without CUBLAS_WORKSPACE_CONFIG torch refuses the first matmul; cuBLAS reads it when it
+    starts, so it is set here, before any (a value the user set is kept)."""
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
 
 
 def configure_device(device: torch.device) -> None:

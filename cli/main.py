@@ -228,15 +228,23 @@ def serve(
     max_wait: Annotated[
         float, typer.Option(help="Milliseconds a batch waits for other requests to join.")
     ] = 5.0,
+    max_queue: Annotated[
+        int,
+        typer.Option(help="Source tokens x beam that may wait; past it a request gets 503."),
+    ] = 65536,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds a request may take, queue included; then 504.")
+    ] = 60.0,
 ) -> None:
     """Translate over HTTP: POST /translate {"text": [...], "beam": 5}, GET /health, a page at /."""
     from cli.commands.serve import Limits, run_serve
     from cli.inference.decoding import decode_overrides
 
-    if max_wait < 0:
+    if not 0 <= max_wait < float("inf"):  # NaN too
         raise InputError(f"--max-wait must be 0 or more, got {max_wait}")
     overrides = decode_overrides(beam, False, None, None, set_ or [])
-    run_serve(run, host, port, overrides, device, int8, Limits(max_lines, max_wait / 1000))
+    limits = Limits(max_lines, max_wait / 1000, max_queue, timeout)
+    run_serve(run, host, port, overrides, device, int8, limits)
 
 
 @app.command()

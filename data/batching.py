@@ -264,6 +264,29 @@ class RaggedIds:
         return np.diff(self.offsets)
 
 
+class RaggedConcat:
+    """Several `RaggedIds` (e.g. one memory-mapped file set per corpus) read as one, in order:
+    nothing is copied, a row is looked up in its part."""
+
+    def __init__(self, parts: Sequence[RaggedIds]) -> None:
+        self.parts = list(parts)
+        self.starts = np.cumsum([0] + [len(part) for part in self.parts])  # (P + 1,)
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        part = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return self.parts[part][i - int(self.starts[part])]
+
+    def lengths(self) -> np.ndarray:
+        """(N,) int64 length of each row."""
+        return np.concatenate([part.lengths() for part in self.parts])
+
+
+Ragged = RaggedIds | RaggedConcat
+
+
 class BatchIterator:
     """Shuffled token-budget batches of a parallel corpus, resumable, split across ranks.
 
@@ -272,6 +295,11 @@ class BatchIterator:
     source length), cut it into batches under the budget (see the module docstring), shuffle
     the order of all the batches. Sorting inside pools keeps padding low; shuffling before
     pooling and after cutting keeps the batches and their order random.
+
+    Corpora: with `corpora` [(rows, weight), ...] (the examples in that order), an epoch holds
+    each corpus's rows `weight` times: whole copies, and for a fractional part a window of a
+    fixed permutation of the corpus that moves on each epoch (a different subset each epoch,
+    covering the corpus over epochs). One corpus of weight 1 is the plain case.
 
     Ranks: the largest batches are split in two until the number of batches divides
     `world_size`; rank r then takes batches r, r + world_size, ... Every rank gets the same
@@ -301,8 +329,8 @@ class BatchIterator:
 
     def __init__(
         self,
-        src: RaggedIds | Sequence[Sequence[int]],
-        tgt: RaggedIds | Sequence[Sequence[int]],
+        src: Ragged | Sequence[Sequence[int]],
+        tgt: Ragged | Sequence[Sequence[int]],
         *,
         max_tokens: int,
         pad_id: int,
@@ -314,9 +342,10 @@ class BatchIterator:
         pool_batches: int = 100,
         rank: int = 0,
         world_size: int = 1,
+        corpora: Sequence[tuple[int, float]] | None = None,
     ) -> None:
-        self.src = src if isinstance(src, RaggedIds) else RaggedIds.from_lists(src)
-        self.tgt = tgt if isinstance(tgt, RaggedIds) else RaggedIds.from_lists(tgt)
+        self.src = src if isinstance(src, (RaggedIds, RaggedConcat)) else RaggedIds.from_lists(src)
+        self.tgt = tgt if isinstance(tgt, (RaggedIds, RaggedConcat)) else RaggedIds.from_lists(tgt)
         if len(self.src) != len(self.tgt):
             raise ValueError(f"{len(self.src)} sources but {len(self.tgt)} targets")
         if len(self.src) == 0:
@@ -325,6 +354,9 @@ class BatchIterator:
             raise ValueError(f"max_tokens must be positive, not {max_tokens}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
+        self.corpora = [(int(n), float(w)) for n, w in corpora or [(len(self.src), 1.0)]]
+        if sum(n for n, _ in self.corpora) != len(self.src) or any(w <= 0 for _, w in self.corpora):
+            raise ValueError(f"corpora {self.corpora} do not cover {len(self.src)} examples")
         self.max_tokens = max_tokens
         self.max_sentences = max_sentences
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
@@ -333,8 +365,9 @@ class BatchIterator:
         self.epoch = 0
         self.position = 0  # batches of this epoch already yielded to this rank
 
-        self._src_cost = self.src.lengths()
-        self._tgt_cost = self.tgt.lengths() + 1  # BOS/EOS
+        # int32: 4 bytes a pair and side, what each process holds of a corpus of any size.
+        self._src_cost = self.src.lengths().astype(np.int32)
+        self._tgt_cost = (self.tgt.lengths() + 1).astype(np.int32)  # BOS/EOS
         self.pool_size = _pool_size(
             self._src_cost, self._tgt_cost, max_tokens, max_sentences, pool_batches
         )
@@ -368,7 +401,9 @@ class BatchIterator:
             ValueError: the state comes from an iterator with other data or settings (its
                 positions would name other batches).
         """
-        changed = [key for key, value in self._settings().items() if state.get(key) != value]
+        settings = self._settings()
+        keys = (set(settings) | set(state)) - {"epoch", "position"}
+        changed = sorted(key for key in keys if state.get(key) != settings.get(key))
         if changed:
             raise ValueError(f"batch iterator state does not match: {', '.join(changed)} differ")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
@@ -389,6 +424,8 @@ class BatchIterator:
             "shuffle": int(self.shuffle),
             "rank": self.rank,
             "world_size": self.world_size,
+            # Only for a weighted mix: a plain corpus's state stays what it always was.
+            **({"corpora": [list(c) for c in self.corpora]} if self._weighted() else {}),
         }
 
     def _batches(self, epoch: int) -> list[np.ndarray]:
@@ -400,8 +437,12 @@ class BatchIterator:
     def _plan_epoch(self, epoch: int) -> list[np.ndarray]:
         """All ranks' batches of `epoch`, in order; see the class docstring."""
         rng = np.random.default_rng([self.seed, epoch])
-        n = len(self.src)
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        order = self._epoch_examples(epoch)
+        if self.shuffle:
+            order = rng.permutation(len(self.src) if order is None else order)
+        elif order is None:
+            order = np.arange(len(self.src))
+        n = len(order)
         max_sentences = self.max_sentences or sys.maxsize
         batches = []
         for start in range(0, n, self.pool_size):
@@ -414,6 +455,26 @@ class BatchIterator:
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
+
+    def _weighted(self) -> bool:
+        return any(weight != 1 for _, weight in self.corpora)
+
+    def _epoch_examples(self, epoch: int) -> np.ndarray | None:
+        """The rows of `epoch` before shuffling, a row once per time it is seen; None when every
+        weight is 1 (every row once: the plain case, shuffled exactly as a single corpus)."""
+        if not self._weighted():
+            return None
+        parts, start = [], 0
+        for i, (rows, weight) in enumerate(self.corpora):
+            whole, fraction = divmod(weight, 1.0)
+            parts += [np.arange(start, start + rows, dtype=np.int64)] * int(whole)
+            window = round(fraction * rows)
+            if window:
+                fixed = np.random.default_rng([self.seed, 1 + i, 0]).permutation(rows)
+                first = epoch * window % rows
+                parts.append(start + fixed.take(np.arange(first, first + window), mode="wrap"))
+            start += rows
+        return np.concatenate(parts)
 
     def _collate(self, rows: np.ndarray) -> Batch:
         return _collate_rows(

@@ -9,6 +9,7 @@ misalign a source file against its target file without a word.
 from __future__ import annotations
 
 import gzip
+import os
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -49,9 +50,27 @@ def open_bytes(path: Path) -> BinaryIO:
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
 
 
-def read_file_lines(path: Path) -> list[str]:
-    """All lines of a (possibly gzipped) UTF-8 text file, as `read_lines` reads them."""
-    if not path.is_file():
+def check_readable(path: Path) -> None:
+    """Fail now, before any work, if `path` cannot be read as text.
+
+    Anything readable that is not a directory is text: a regular file, and also a named pipe
+    (the shell's `<(command)`) or a character device such as /dev/stdin, which can be read only
+    once, as they stream (callers never open them twice, nor count their lines first).
+
+    Raises:
+        InputError: `path` does not exist, is a directory, or is not readable.
+    """
+    if not path.exists():
         raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a text file")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"{path}: cannot be read (permission denied)")
+
+
+def read_file_lines(path: Path) -> list[str]:
+    """All lines of a (possibly gzipped) UTF-8 text file or pipe, read once, as `read_lines`
+    reads them."""
+    check_readable(path)
     with open_bytes(path) as f:
         return list(read_lines(f, str(path)))

@@ -11,7 +11,7 @@ import hashlib
 import itertools
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
@@ -25,6 +25,7 @@ JOINT_MODEL = "joint.model"
 SRC_MODEL = "src.model"
 TGT_MODEL = "tgt.model"
 MODEL_TYPES = ("bpe", "unigram")
+_THREADS = os.cpu_count() or 1  # SentencePiece encodes a list of sentences in parallel
 
 
 def train_tokenizer(
@@ -39,6 +40,7 @@ def train_tokenizer(
     character_coverage: float = 1.0,
     input_sentence_size: int = 2_000_000,
     byte_fallback: bool = False,
+    tags: Sequence[str] = (),
 ) -> Tokenizer:
     """Train SentencePiece on the given sentences and save the model(s) into `out_dir`.
 
@@ -55,6 +57,8 @@ def train_tokenizer(
             which bounds time and memory on large corpora.
         byte_fallback: spell out characters missing from the vocabulary as UTF-8 bytes instead
             of unk (needs `vocab_size` >= 260).
+        tags: reserved pieces (e.g. "<bt>" for back-translated sources) that SentencePiece
+            never splits: user-defined symbols, read back from the model as `Tokenizer.tags`.
 
     Returns:
         The trained tokenizer, loaded from `out_dir`.
@@ -78,6 +82,8 @@ def train_tokenizer(
         "input_sentence_size": input_sentence_size,
         "byte_fallback": byte_fallback,
     }
+    if tags:
+        options["user_defined_symbols"] = list(tags)
     spm.set_random_generator_seed(seed)
     if joint:
         _train_model(itertools.chain(src_texts, tgt_texts), out_dir / JOINT_MODEL, options)
@@ -153,6 +159,7 @@ class Tokenizer:
         self.eos_id = src_ids["eos_id"]
         self.src_vocab_size = self._src.get_piece_size()
         self.tgt_vocab_size = self._tgt.get_piece_size()
+        self.tags = _user_defined(self._src)  # {"<bt>": id, ...}: reserved source pieces
 
     @staticmethod
     def found_in(directory: str | os.PathLike) -> bool:
@@ -182,20 +189,41 @@ class Tokenizer:
         )
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
-        """Source sentences to piece ids; no BOS/EOS added."""
-        return self._src.encode(list(texts), out_type=int)
+        """Source sentences to piece ids; no BOS/EOS added. A sentence that starts with one of
+        the tokenizer's tags (`<bt> text`) starts with that tag's id, as the training pairs of a
+        tagged corpus do (SentencePiece alone would put a lone "▁" piece before it)."""
+        texts = list(texts)
+        if not self.tags:
+            return self._src.encode(texts, out_type=int, num_threads=_THREADS)
+        split = [self._split_tag(text) for text in texts]
+        ids = self._src.encode([body for _, body in split], out_type=int, num_threads=_THREADS)
+        return [row if head is None else [head, *row] for (head, _), row in zip(split, ids)]
+
+    def _split_tag(self, text: str) -> tuple[int | None, str]:
+        """(the id of the tag `text` starts with, or None; the text after it)."""
+        words = text.split(maxsplit=1)
+        if words and words[0] in self.tags:
+            return self.tags[words[0]], words[1] if len(words) > 1 else ""
+        return None, text
+
+    def tag_id(self, tag: str) -> int:
+        """The id of a reserved tag piece; InputError if the tokenizer was trained without it."""
+        if tag not in self.tags:
+            known = ", ".join(self.tags) or "none"
+            raise InputError(f"{self.directory}: no tag {tag!r} in the tokenizer (tags: {known})")
+        return self.tags[tag]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         """Target sentences to piece ids; no BOS/EOS added."""
-        return self._tgt.encode(list(texts), out_type=int)
+        return self._tgt.encode(list(texts), out_type=int, num_threads=_THREADS)
 
     def decode_src(self, ids: list[list[int]]) -> list[str]:
-        """Source piece ids back to text; special ids (pad, BOS, EOS) decode to nothing."""
-        return self._src.decode([list(map(int, row)) for row in ids])
+        """Source piece ids back to text, one string per row; special ids decode to nothing."""
+        return _decode(self._src, ids)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        """Target piece ids back to text; special ids (pad, BOS, EOS) decode to nothing."""
-        return self._tgt.decode([list(map(int, row)) for row in ids])
+        """Target piece ids back to text, one string per row; special ids decode to nothing."""
+        return _decode(self._tgt, ids)
 
     def src_pieces(self, text: str) -> list[str]:
         """The source pieces of one sentence, e.g. ["▁Él", "▁com", "ió"]."""
@@ -243,6 +271,12 @@ class Tokenizer:
         return f"Tokenizer({str(self.directory)!r}, {layout}, vocab {sizes})"
 
 
+def _decode(model: spm.SentencePieceProcessor, ids: list[list[int]]) -> list[str]:
+    """One string per row, and none for no rows (SentencePiece reads `[]` as one empty row)."""
+    rows = [list(map(int, row)) for row in ids]
+    return model.decode(rows) if rows else []
+
+
 def _load_model(path: Path) -> spm.SentencePieceProcessor:
     """Load one SentencePiece model, as an InputError if the file is not one."""
     model = spm.SentencePieceProcessor()
@@ -261,3 +295,13 @@ def _special_ids(model: spm.SentencePieceProcessor) -> dict[str, int]:
         "bos_id": model.bos_id(),
         "eos_id": model.eos_id(),
     }
+
+
+def _user_defined(model: spm.SentencePieceProcessor) -> dict[str, int]:
+    """The model's user-defined pieces (its tags), from its own protobuf."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    proto.ParseFromString(model.serialized_model_proto())
+    user_defined = pb.ModelProto.SentencePiece.USER_DEFINED
+    return {p.piece: i for i, p in enumerate(proto.pieces) if p.type == user_defined}

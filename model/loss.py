@@ -36,13 +36,19 @@ def label_smoothed_cross_entropy(
         logits: (N, V) unnormalised scores, usually only the real (non-pad) target positions.
         target: (N,) long reference ids.
         epsilon: the smoothing mass, 0 for plain cross-entropy.
-        ignore_index: rows whose target is this id count for nothing in either sum.
+        ignore_index: rows whose target is this id count for nothing in either sum; any int,
+            in the vocabulary (the pad id) or not (torch's -100).
 
     Returns:
         (loss_sum, nll_sum): float32 scalars summed over the counted rows; divide by their
         number. Only loss_sum carries a gradient.
     """
     counted = None if ignore_index is None else target != ignore_index  # (N,)
+    if counted is not None:
+        # An ignored row's target may lie outside the vocabulary (torch's convention is -100):
+        # it is gathered and scattered like any row, so it gets an id that exists; its weight
+        # of 0 keeps it out of both sums and the gradient.
+        target = target.masked_fill(~counted, 0)
     if torch.is_grad_enabled() and logits.requires_grad:
         return _SmoothedCrossEntropy.apply(logits, target, counted, epsilon)
     loss, nll, _ = _chunked(logits, target, counted, epsilon, want_grad=False)

@@ -57,7 +57,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_prefix: str) -> Path:
     run = tmp_path_factory.mktemp("trained") / "run"
     sets = [
         f"data.train={tiny_prefix}",
-        f"data.dev={tiny_prefix}",
+        f"data.dev={tiny_prefix}-dev",
         "train.max_steps=6",
         "train.save_every=2",
         "train.eval_every=3",

@@ -292,7 +292,7 @@ def test_gzip_corpus_and_jsonl_train(tmp_path, tiny_prefix):
         "--set",
         f"data.train={jsonl}",
         "--set",
-        f"data.dev={tiny_prefix}",
+        f"data.dev={tiny_prefix}-dev",
         "--set",
         "train.max_steps=2",
         "--set",

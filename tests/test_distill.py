@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 from pathlib import Path
 
-from test_cli import tf
+import pytest
+from test_cli import assert_user_error, tf
 
 from cli.commands.distill import complete_lines
+from cli.inference.engines import Engine
 from data.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,15 +78,74 @@ def test_make_distill_runs_the_whole_pipeline(trained, tiny_prefix, tmp_path):
     assert again.returncode == 0 and "already distilled" in again.stdout  # every step resumes
 
 
+def killed_after(monkeypatch, lines: int) -> None:
+    """Make the engine's stream stop, as a kill (Ctrl-C) would, after `lines` translations."""
+    real = Engine.stream
+
+    def stream(self, *args, **kwargs):
+        for n, item in enumerate(real(self, *args, **kwargs)):
+            if n == lines:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(Engine, "stream", stream)
+
+
+# fp32: the same numbers on every CPU, and fast (this tiny model's outputs run to the limit).
+FP32 = ("--device", "cpu", "--set", "decode.precision=fp32")
+
+
+def distilled(teacher, out: Path, *args: str) -> list[str]:
+    result = tf("distill", teacher, "--out", out, *FP32, *args)
+    assert result.exit_code == 0, result.output
+    return (out / "train.en").read_text().splitlines()
+
+
 def test_a_killed_distillation_restarts_after_its_last_whole_line(trained, tiny_prefix, tmp_path):
     out = tmp_path / "d"
-    out.mkdir()
     lines = Path(f"{tiny_prefix}.es").read_text().splitlines()
     partial = out / ".train.en.partial"
-    partial.write_text("first\nsecond\nhalf a li")  # the kill cut the third line
-    assert complete_lines(partial) == 2 and partial.read_text() == "first\nsecond\n"
-    result = tf("distill", trained, "--out", out, "--beam", "1")
-    assert result.exit_code == 0, result.output
-    translated = (out / "train.en").read_text().splitlines()
+    with pytest.MonkeyPatch.context() as mp:
+        killed_after(mp, 50)
+        assert tf("distill", trained, "--out", out, "--beam", "1", *FP32).exit_code == 130
+    assert complete_lines(partial) == 50 and (out / ".train.en.partial.json").is_file()
+    kept = partial.read_text().splitlines()
+    # Marks on the kept lines, and a last line the kill cut short.
+    partial.write_text("\n".join(["first", "second", *kept[2:]]) + "\nhalf a li")
+    translated = distilled(trained, out, "--beam", "1")
+    fresh = distilled(trained, tmp_path / "fresh", "--beam", "1")
     assert translated[:2] == ["first", "second"] and len(translated) == len(lines)
-    assert not partial.exists()
+    assert translated[2:] == fresh[2:]
+    assert not partial.exists() and not (out / ".train.en.partial.json").exists()
+
+
+def test_a_resume_with_other_settings_starts_over(trained, tmp_path, caplog):
+    """150 greedy lines, then a resume at beam 2: the corpus is beam 2's throughout, and says so."""
+    out = tmp_path / "d"
+    with pytest.MonkeyPatch.context() as mp:
+        killed_after(mp, 150)
+        assert tf("distill", trained, "--out", out, "--beam", "1", *FP32).exit_code == 130
+    greedy = (out / ".train.en.partial").read_text().splitlines()
+    beam2 = distilled(trained, tmp_path / "beam2", "--beam", "2")
+    assert len(greedy) == 150 and greedy != beam2[:150]  # the two searches differ here
+    with caplog.at_level(logging.WARNING):
+        resumed = distilled(trained, out, "--beam", "2")
+    assert resumed == beam2
+    assert json.loads((out / "distill.json").read_text())["decode"]["beam_size"] == 2
+    (said,) = [r.getMessage() for r in caplog.records if "starting over" in r.getMessage()]
+    assert "decode.beam_size=1" in said and "decode.beam_size=2" in said
+    # Whole, it is not made again, nor passed off as another search's.
+    again = tf("distill", trained, "--out", out, "--beam", "2", *FP32)
+    assert again.exit_code == 0 and "already distilled" in again.stdout
+    other = tf("distill", trained, "--out", out, "--beam", "1", *FP32)
+    assert_user_error(other, "already distilled with decode.beam_size=2")
+    assert (out / "train.en").read_text().splitlines() == beam2
+
+
+def test_a_partial_file_without_a_record_starts_over(trained, tiny_prefix, tmp_path):
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / ".train.en.partial").write_text("made\nby an unknown teacher\n")
+    translated = distilled(trained, out, "--beam", "1")
+    assert "made" not in translated
+    assert len(translated) == len(Path(f"{tiny_prefix}.es").read_text().splitlines())

@@ -49,7 +49,7 @@ def rank_trainer(rank: int, world_size: int, port: int, prefix: str, run: str, *
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
     )
-    config = load_config("tiny", [f"data.train={prefix}", f"data.dev={prefix}", *COMMON, *sets])
+    config = load_config("tiny", [f"data.train={prefix}", f"data.dev={prefix}-dev", *COMMON, *sets])
     dd, device = distributed.init("cpu")
     if dd.main:
         start_run(config, Path(run), force=True)
@@ -107,7 +107,7 @@ def test_two_ranks_on_half_batches_equal_one_process_on_the_whole(tmp_path, tiny
     a, b = torch.load(single), torch.load(double)
     moved = 0
     fresh = Trainer(
-        load_config("tiny", [f"data.train={tiny_prefix}", f"data.dev={tiny_prefix}", *COMMON]),
+        load_config("tiny", [f"data.train={tiny_prefix}", f"data.dev={tiny_prefix}-dev", *COMMON]),
         RunDir(tmp_path / "r1"),
         distributed.Dist(),
         torch.device("cpu"),
@@ -141,7 +141,7 @@ def test_torchrun_two_processes_write_one_run_and_resume(tmp_path, tiny_prefix):
     run = tmp_path / "run"
     sets = [
         f"--set=data.train={tiny_prefix}",
-        f"--set=data.dev={tiny_prefix}",
+        f"--set=data.dev={tiny_prefix}-dev",
         "--set=train.log_every=1",
         "--set=train.save_every=2",
         "--set=train.eval_every=4",

@@ -3,6 +3,7 @@ visible-device counts, a scaler that skips, and host synchronisations counted.""
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -66,7 +67,7 @@ def test_each_rank_saves_and_restores_its_own_cuda_generator(monkeypatch):
 def tiny_trainer(tmp_path, prefix: str, *overrides: str) -> Trainer:
     config = load_config(
         "tiny",
-        [f"data.train={prefix}", f"data.dev={prefix}", "train.eval_every=0", *overrides],
+        [f"data.train={prefix}", f"data.dev={prefix}-dev", "train.eval_every=0", *overrides],
     )
     run = start_run(config, tmp_path / "run", force=True)
     return Trainer(config, run, distributed.Dist(), torch.device("cpu"))
@@ -228,6 +229,7 @@ def test_prefetched_batches_and_resume_states_equal_those_made_in_line(tmp_path,
     it.load_state_dict(start)
     ahead = Prefetcher(it, depth=2, pin=False)  # pinning needs a GPU
     threaded = [next(ahead) for _ in range(n)]
+    ahead.close()
     for a, b in zip(inline, threaded):
         assert a.state == b.state and a.epochs == b.epochs
         assert torch.equal(a.batch.src, b.batch.src) and torch.equal(
@@ -252,3 +254,118 @@ def test_translation_computes_in_decode_precision(trained, precision, dtype):
     hyps = translate_ids(model, tok, ids, decode, cpu)
     assert seen and set(seen) == {dtype}
     assert all(h[0].log_prob <= 0 for h in hyps)  # log-probabilities are taken in fp32
+
+
+def prefetch_threads() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "tf-prefetch"]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_prefetch_thread_ends_with_the_training(tmp_path, tiny_prefix, monkeypatch, fails):
+    """On a GPU a thread collates batches ahead and holds the iterator (its Arrow tables) and
+    pinned batches: it must stop and let go when training ends, or fails, not outlive it."""
+    import gc
+
+    import cli.training.trainer as trainer_module
+    from cli.commands.train import run_train
+    from cli.training.prefetch import Prefetcher
+    from cli.training.run import TrainingError
+
+    # The GPU's path on a CPU: prefetched by a thread, without pinning (which needs CUDA).
+    monkeypatch.setattr(
+        trainer_module, "training_batches", lambda it, prefetch: Prefetcher(it, pin=False)
+    )
+    if fails:
+        monkeypatch.setattr(
+            Trainer, "optimizer_step", lambda *a: (_ for _ in ()).throw(TrainingError("boom"))
+        )
+    assert not prefetch_threads()
+    config = load_config(
+        "tiny",
+        [f"data.train={tiny_prefix}", f"data.dev={tiny_prefix}-dev", "train.eval_every=0"]
+        + ["train.max_steps=2", "train.precision=fp32"],
+    )
+    if fails:
+        with pytest.raises(TrainingError, match="boom"):
+            run_train(config, tmp_path / "run", resume=False)
+    else:
+        run_train(config, tmp_path / "run", resume=False)
+    assert not prefetch_threads()
+    gc.collect()
+    assert not [o for o in gc.get_objects() if type(o) is Prefetcher]
+
+
+def test_restarting_the_batches_stops_the_previous_prefetch_thread(tmp_path, tiny_prefix):
+    from cli.training.prefetch import Prefetcher
+
+    trainer = tiny_trainer(tmp_path, tiny_prefix)
+    it = trainer.data.train
+    first = Prefetcher(it, depth=2, pin=False)
+    next(first)
+    first.close()
+    assert not prefetch_threads()
+    second = Prefetcher(it, depth=1, pin=False)
+    assert len(prefetch_threads()) == 1
+    second.close()
+    second.close()  # twice is harmless
+    assert not prefetch_threads()
+
+
+def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    with pytest.raises(InputError, match="train.precision: bf16 is not supported by this GPU"):
+        autocast_dtype("bf16", CUDA)
+    assert autocast_dtype("bf16", torch.device("cpu")) is torch.bfloat16  # emulated, but right
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_compile_without_a_kernel_compiler_is_refused_up_front(monkeypatch, device):
+    import torch._inductor.cpp_builder
+    import torch.utils._triton
+
+    from cli.training.preflight import check_settings
+
+    def no_compiler() -> str:
+        raise RuntimeError("no working C++ compiler found")
+
+    monkeypatch.setattr(torch._inductor.cpp_builder, "get_cpp_compiler", no_compiler)
+    monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    config = load_config("tiny", ["train.compile=true"])
+    needed = r"C\+\+ compiler" if device == "cpu" else "Triton"
+    with pytest.raises(
+        InputError, match=f"train.compile: torch.compile on {device} needs .*{needed}"
+    ):
+        check_settings(config, torch.device(device))
+    check_settings(load_config("tiny", ["train.compile=false"]), torch.device(device))
+
+
+def test_more_torchrun_processes_than_gpus_is_one_line(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(InputError, match="LOCAL_RANK 3: this machine has 2 CUDA device"):
+        distributed.init("cuda")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert distributed.init("cuda")[1] == torch.device("cuda", 1)
+
+
+def test_deterministic_training_on_cuda_gets_a_fixed_cublas_workspace(monkeypatch):
+    """Without CUBLAS_WORKSPACE_CONFIG, torch.use_deterministic_algorithms makes the first
+    CUDA matmul raise: a run with train.deterministic would die at its first forward pass."""
+    seen = []
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", seen.append)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    device_module.make_deterministic(torch.device("cpu"))
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    device_module.make_deterministic(CUDA)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and seen == [True, True]
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    device_module.make_deterministic(CUDA)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"  # the user's is kept

@@ -83,3 +83,25 @@ def test_gradient_and_values_equal_the_autograd_reference(dtype, chunk_elements,
     torch.testing.assert_close(ours_logits.grad, ref_logits.grad)
     assert ours_logits.grad[4].abs().max() == 0  # an ignored row gets no gradient
     torch.testing.assert_close(base, ours_logits.detach())  # the logits were not changed
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_torch_ignore_index_convention_minus_100(requires_grad):
+    """torch marks ignored targets with -100, an id outside every vocabulary: those rows must
+    count for nothing, in the value and in the gradient, without ever being used as an index."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(9, 7, generator=g)
+    target = torch.randint(0, 7, (9,), generator=g)
+    target[[1, 5]] = -100
+    ours = logits.clone().requires_grad_(requires_grad)
+    ref = logits.clone().requires_grad_(requires_grad)
+    loss, nll = label_smoothed_cross_entropy(ours, target, 0.1, ignore_index=-100)
+    expected = F.cross_entropy(ref, target, label_smoothing=0.1, reduction="sum")
+    expected_nll = F.cross_entropy(logits, target, reduction="sum")  # ignore_index=-100
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(nll, expected_nll)
+    if requires_grad:
+        loss.backward()
+        expected.backward()
+        torch.testing.assert_close(ours.grad, ref.grad)
+        assert ours.grad[[1, 5]].abs().max() == 0

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
+import pytest
 import torch
 from test_cli import assert_user_error, tf
 
 from cli.commands.prune import prune
-from cli.training.checkpoint import load_checkpoint, load_for_inference
+from cli.config import ConfigError, load_config
+from cli.training.checkpoint import load_checkpoint, load_for_inference, save_atomic, with_init
+from data.tokenizer import Tokenizer, train_tokenizer
 from model.transformer import count_parameters
 
 
@@ -56,7 +62,7 @@ def test_prune_command_then_translate_and_fine_tune(trained, tiny_prefix, tmp_pa
     translated = tf("translate", out, "--greedy", input="Y dijo Dios.\n")
     assert translated.exit_code == 0, translated.output
     run = tmp_path / "tuned"
-    sets = [f"data.train={tiny_prefix}", f"data.dev={tiny_prefix}", "train.max_steps=2"]
+    sets = [f"data.train={tiny_prefix}", f"data.dev={tiny_prefix}-dev", "train.max_steps=2"]
     args = ["train", "tiny", "--init", str(out), "--out", str(run)]
     tuned = tf(*args, *[a for s in sets for a in ("--set", s)], "--set", "train.eval_every=0")
     assert tuned.exit_code == 0, tuned.output
@@ -64,3 +70,79 @@ def test_prune_command_then_translate_and_fine_tune(trained, tiny_prefix, tmp_pa
     assert model["encoder.layers.0.linear1.weight"].shape[0] == 32  # tiny's 64 halved
     assert_user_error(tf("prune", trained, "-o", tmp_path / "x.pt", "--heads", "4"), "--heads 4")
     assert_user_error(tf("prune", trained, "-o", tmp_path / "x.pt", "--ffn", "1.0"), "--ffn")
+
+
+# --- train.init: the checkpoint's shapes and tokenizer, the config's every other setting ---------
+
+
+def other_tokenizer(tiny_prefix: str, out: Path) -> Path:
+    """A tokenizer of another vocabulary than the `trained` run's, in `out`."""
+    src = Path(f"{tiny_prefix}.es").read_text(encoding="utf-8").splitlines()
+    tgt = Path(f"{tiny_prefix}.en").read_text(encoding="utf-8").splitlines()
+    train_tokenizer(src, tgt, out, vocab_size=90, seed=0)
+    return out
+
+
+def checkpoint_beside_tokenizer(trained: Path, folder: Path, **model: object) -> Path:
+    """The `trained` run's best.pt copied into `folder` (with its config's model section
+    changed by `model`), with the run's tokenizer beside it."""
+    ckpt = load_checkpoint(trained / "checkpoints" / "best.pt")
+    ckpt["config"]["model"].update(model)
+    shutil.copytree(trained / "tokenizer", folder / "tokenizer")
+    save_atomic(ckpt, folder / "model.pt")
+    return folder / "model.pt"
+
+
+def test_init_takes_shapes_and_tokenizer_and_keeps_every_other_setting(trained, tmp_path):
+    init = checkpoint_beside_tokenizer(trained, tmp_path / "init", max_positions=40)
+    sets = [f"train.init={init}", "model.dropout=0.3", "model.attention_dropout=0.2"]
+    wide = ["model.d_model=64", "model.n_heads=8", "model.d_ff=128", "model.tie_embeddings=none"]
+    config = with_init(load_config("tiny", sets + wide))
+    saved = load_checkpoint(init)["config"]["model"]
+    for shape in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "tie_embeddings"):
+        assert getattr(config.model, shape) == saved[shape], shape
+    assert (config.model.dropout, config.model.attention_dropout) == (0.3, 0.2)
+    # Positions are a computed sinusoidal table, no weights: the config's limit holds (the
+    # checkpoint's 40 is below tiny's data.max_len 64, and training died at position 62).
+    assert config.model.max_positions == 256
+    assert Path(config.data.tokenizer) == tmp_path / "init" / "tokenizer"
+
+
+def test_init_checks_the_merged_config(trained, tmp_path):
+    """A hand-edited checkpoint config: 3 heads do not divide d_model 32."""
+    init = checkpoint_beside_tokenizer(trained, tmp_path / "init", n_heads=3)
+    with pytest.raises(ConfigError, match="model.d_model 32 is not divisible by model.n_heads 3"):
+        with_init(load_config("tiny", [f"train.init={init}"]))
+
+
+def test_init_refuses_a_tokenizer_its_checkpoint_was_not_trained_with(
+    trained, tiny_prefix, tmp_path
+):
+    init = checkpoint_beside_tokenizer(trained, tmp_path / "init")
+    other = other_tokenizer(tiny_prefix, tmp_path / "other")
+    sets = [f"data.train={tiny_prefix}", f"data.dev={tiny_prefix}-dev", "train.max_steps=1"]
+    args = ["train", "tiny", "--init", init, *[a for s in sets for a in ("--set", s)]]
+    named = tf(*args, "--out", tmp_path / "a", "--set", f"data.tokenizer={other}")
+    assert_user_error(named, f"{init}: was trained with another tokenizer than", str(other))
+    shutil.rmtree(tmp_path / "init" / "tokenizer")
+    shutil.copytree(other, tmp_path / "init" / "tokenizer")  # what `tf prune` used to leave
+    beside = tf(*args, "--out", tmp_path / "b")
+    assert_user_error(beside, f"{init}: was trained with another tokenizer than")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_prune_into_a_folder_with_another_tokenizer_is_refused(trained, tiny_prefix, tmp_path):
+    other = other_tokenizer(tiny_prefix, tmp_path / "elsewhere" / "tokenizer")
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    out = tmp_path / "elsewhere" / "model.pt"
+    result = tf("prune", trained, "-o", out, "--heads", "1")
+    assert_user_error(result, str(other), "another tokenizer")
+    assert not out.exists()
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+    # An empty folder of that name is filled, whole.
+    (tmp_path / "empty" / "tokenizer").mkdir(parents=True)
+    result = tf("prune", trained, "-o", tmp_path / "empty" / "model.pt", "--heads", "1")
+    assert result.exit_code == 0, result.output
+    digest = Tokenizer.load(tmp_path / "empty" / "tokenizer").digest()
+    assert digest == load_checkpoint(tmp_path / "empty" / "model.pt")["tokenizer_digest"]
+    assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == ["model.pt", "tokenizer"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 
 import pytest
@@ -23,7 +24,7 @@ from data.tokenizer import Tokenizer
 
 
 def config_for(prefix: str, *overrides: str):
-    sets = [f"data.train={prefix}", f"data.dev={prefix}", "train.precision=fp32"]
+    sets = [f"data.train={prefix}", f"data.dev={prefix}-dev", "train.precision=fp32"]
     return load_config("tiny", [*sets, "train.eval_every=0", *overrides])
 
 
@@ -130,7 +131,7 @@ def test_force_retrains_a_tokenizer_of_another_size(tmp_path, tiny_prefix):
         "--set",
         f"data.train={tiny_prefix}",
         "--set",
-        f"data.dev={tiny_prefix}",
+        f"data.dev={tiny_prefix}-dev",
         "--set",
         "train.max_steps=1",
         "--set",
@@ -178,3 +179,19 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_zero(tmp_path, ti
 def test_resume_of_a_missing_run_is_one_line(tmp_path):
     result = CliRunner().invoke(app, ["train", "--resume", str(tmp_path / "nowhere")])
     assert result.exit_code == 2 and "no such run directory" in result.stderr
+
+
+def test_a_resume_replaces_config_yaml_whole_never_rewrites_it_in_place(tmp_path, tiny_prefix):
+    """Written in place, a kill (or a full disk) mid-write leaves a truncated config.yaml and a
+    run that cannot resume. Replaced by a rename, the old file is untouched until the new one
+    is whole: a hard link to the old one keeps the old text."""
+    first = trained_run(tmp_path, tiny_prefix)
+    kept = tmp_path / "config-before.yaml"
+    os.link(first.run.config, kept)
+    before = kept.read_text()
+    args = ["train", "--resume", str(first.run.path), "--allow-config-change"]
+    result = CliRunner().invoke(app, [*args, "--set", "train.max_steps=5"])
+    assert result.exit_code == 0, result.output
+    assert kept.read_text() == before  # the old file was not truncated and rewritten
+    assert load_config(first.run.config).train.max_steps == 5
+    assert not list(first.run.path.glob(".config.yaml.*"))  # no temporary file left behind

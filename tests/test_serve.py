@@ -1,5 +1,7 @@
 """`tf serve`: answers in order per request under concurrent clients, batches them together,
-a one-line JSON 4xx for every bad request, a page for people, and the CLI that starts it."""
+a one-line JSON 4xx for every bad request, a page for people, and the CLI that starts it; the
+batcher outlives cancelled and failing requests, drops the work of clients that left, bounds its
+queue (503) and each request's time (504), and counts the beam in its batches."""
 
 from __future__ import annotations
 
@@ -18,8 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli.commands.serve import Limits, build_app
+from cli.commands.serve import read_page
+from cli.inference.batcher import Batcher
 from cli.inference.engines import Engine, load_engine
+from cli.inference.server import Limits, build_app
+from data.errors import InputError
 from model.search import Hypothesis
 
 pytest.importorskip("uvicorn")  # the `serve` extra; `make test` installs it
@@ -49,14 +54,20 @@ def serving(app):
         sock.close()
 
 
-def call(url: str, body: bytes | dict | None = None, method: str | None = None):
-    """(status, parsed JSON or text, content type) of one request."""
+def call(
+    url: str,
+    body: bytes | dict | None = None,
+    method: str | None = None,
+    kind: str | None = "application/json",
+    timeout: float = 60,
+):
+    """(status, parsed JSON or text, content type) of one request; a body is sent as `kind`."""
     data = json.dumps(body).encode() if isinstance(body, dict) else body
     request = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
+    if data is not None and kind is not None:
+        request.add_header("Content-Type", kind)
     try:
-        with urllib.request.urlopen(request, timeout=60) as r:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
             status, raw, kind = r.status, r.read(), r.headers["content-type"]
     except urllib.error.HTTPError as e:
         status, raw, kind = e.code, e.read(), e.headers["content-type"]
@@ -134,6 +145,23 @@ def test_a_request_is_translated_as_tf_translate_does(engine, trained):
         ({"text": ["hola"], "beam": True}, 400, '"beam"'),
         ({"text": ["hola"], "bean": 5}, 400, "unknown field"),
         (b"[]", 400, '"text"'),
+        ({"text": ["hola", "hola \ud800"]}, 400, "text[1]: a lone surrogate"),
+        (b'{"text": ["\xed\xa0\x80"]}', 400, "text[0]: a lone surrogate"),  # CESU-8 bytes
+        ({"text": [["hola"]]}, 400, "text[0] must be a string"),
+        pytest.param(
+            b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            400,
+            "nested too deeply",
+            id="deeply-nested",
+        ),
+        pytest.param(
+            b'{"text": ["hola"], "beam": ' + b"9" * 5000 + b"}",
+            400,
+            "number too long",
+            id="5000-digit-beam",
+        ),
+        ({"text": ["hola"], "beam": None}, 400, '"beam"'),
+        (b'{"text": ["hola"], "beam": NaN}', 400, '"beam"'),
     ],
 )
 def test_bad_requests_get_a_4xx_and_a_one_line_json_error(engine, body, status, says):
@@ -183,14 +211,24 @@ def test_a_failing_search_is_a_500_and_the_server_lives_on(engine):
 
 
 def test_the_page_and_health(engine, trained):
-    with serving(build_app(engine, str(trained), "pytorch")) as url:
+    app = build_app(engine, str(trained), "pytorch", page=read_page())
+    with serving(app) as url:
         status, page, kind = call(f"{url}/")
         assert status == 200 and kind.startswith("text/html")
         assert "<textarea" in page and 'fetch("translate"' in page
+        assert '"Content-Type": "application/json"' in page  # else the server answers 415
         status, health, _ = call(f"{url}/health")
-    assert status == 200
-    assert health["status"] == "ok" and health["engine"] == "pytorch"
-    assert (health["src_lang"], health["tgt_lang"], health["model"]) == ("es", "en", str(trained))
+        assert status == 200
+        assert health["status"] == "ok" and health["engine"] == "pytorch"
+        # The run's name, not where it lies on the server's disk.
+        assert (health["src_lang"], health["tgt_lang"], health["model"]) == ("es", "en", "run")
+        assert str(trained.parent) not in json.dumps(health)
+        # A batcher that died would leave every request waiting: /health says so.
+        app.state.batcher.thread = threading.Thread(target=lambda: None)
+        app.state.batcher.thread.start()
+        app.state.batcher.thread.join()
+        status, health, _ = call(f"{url}/health")
+        assert status == 503 and health["status"] == "down"
 
 
 def free_port() -> int:
@@ -245,3 +283,263 @@ def test_tf_serve_refuses_bad_options_in_one_line(trained):
     )
     assert done.returncode == 2
     assert done.stderr.strip() == "error: --max-lines must be 1 or more, got 0"
+
+
+# --- the batcher under cancellation, failure, departed clients, a full queue, a time limit ---
+
+
+class Gate:
+    """An echo search that holds its first call until `open` is set, recording every source
+    it is given: a search running while the test arranges the queue behind it."""
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        self.open, self.entered = threading.Event(), threading.Event()
+        self.searched: list[list[int]] = []
+        self.calls: list[tuple[int, int]] = []  # (sources, decode.max_tokens) of each call
+        self.fail_on = fail_on  # a token id that fails any search holding it
+
+    def search(self, src_ids, decode):
+        self.entered.set()
+        assert self.open.wait(60), "the test never opened the gate"
+        self.searched += src_ids
+        self.calls.append((len(src_ids), decode.max_tokens))
+        if any(self.fail_on in ids for ids in src_ids):
+            raise RuntimeError("a sentence this search cannot take")
+        return [[Hypothesis(list(ids), 0.0, 0.0)] for ids in src_ids]
+
+
+def held_batcher(gate: Gate, engine: Engine, **kwargs) -> tuple[Batcher, object]:
+    """A batcher busy with a first job on `gate` (so later jobs queue); that job's future."""
+    batcher = Batcher(gate.search, **{"max_tokens": 4096, "max_wait": 0.0, **kwargs})
+    first = batcher.submit([[1, 2]], engine.config.decode)
+    assert gate.entered.wait(30)
+    return batcher, first
+
+
+def test_a_cancelled_request_does_not_kill_the_batcher(engine):
+    """A future cancelled while queued (a client gone, a host that cancels handler tasks) is
+    dropped unsearched; the thread lives on and answers the next request."""
+    gate = Gate()
+    batcher, first = held_batcher(gate, engine)
+    gone = batcher.submit([[7, 7, 7]], engine.config.decode)
+    assert gone.cancel()
+    gate.open.set()
+    later = batcher.submit([[5]], engine.config.decode)
+    assert later.result(timeout=30)[0][0].tokens == [5]
+    assert first.result(timeout=30)[0][0].tokens == [1, 2]
+    assert batcher.alive and batcher.dropped == 1 and [7, 7, 7] not in gate.searched
+    assert batcher.pending == 0 and batcher.waiting == 0
+
+
+def test_a_host_cancelling_the_handler_task_cancels_its_job(engine):
+    """What uvicorn never does but other ASGI hosts do (a shutdown timeout, a disconnect):
+    cancel the task of a request waiting in the queue. Its job is dropped, nothing breaks."""
+    import asyncio
+
+    gate = Gate()
+    app = build_app(replace(engine, search=gate.search, model=None), "echo", "test")
+    batcher = app.state.batcher
+    body = json.dumps({"text": ["hola"]}).encode()
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/translate",
+        "headers": [(b"content-type", b"application/json")],
+        "query_string": b"",
+        "root_path": "",
+        "scheme": "http",
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 80),
+        "client": ("127.0.0.1", 5000),
+    }
+
+    async def receive():
+        if not getattr(receive, "sent", False):
+            receive.sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(3600)  # a client that stays
+
+    async def send(message):
+        pass
+
+    async def cancel_one_waiting() -> None:
+        task = asyncio.ensure_future(app(scope, receive, send))
+        while batcher.waiting < 1:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    first = batcher.submit([[1]], engine.config.decode)
+    assert gate.entered.wait(30)
+    asyncio.run(asyncio.wait_for(cancel_one_waiting(), 30))
+    assert batcher.pending == 0  # its place in the queue is free at once
+    gate.open.set()
+    assert first.result(timeout=30)
+    assert batcher.submit([[5]], engine.config.decode).result(timeout=30)[0][0].tokens == [5]
+    assert batcher.alive and batcher.dropped == 1 and gate.searched == [[1], [5]]
+
+
+def test_a_failing_batch_is_retried_request_by_request(engine):
+    """One bad request in a shared batch fails alone; the others get their answers."""
+    gate = Gate(fail_on=13)
+    batcher, first = held_batcher(gate, engine)
+    good, bad, also_good = (
+        batcher.submit(ids, engine.config.decode) for ids in ([[3, 4]], [[13]], [[5]])
+    )
+    gate.open.set()
+    assert good.result(timeout=30)[0][0].tokens == [3, 4]
+    assert also_good.result(timeout=30)[0][0].tokens == [5]
+    assert "cannot take" in str(bad.exception(timeout=30))
+    assert first.result(timeout=30) and batcher.alive
+
+
+def test_the_batch_budget_counts_the_beam(engine):
+    """Source tokens x beam: a group of beam-4 requests holds a quarter of the tokens of a
+    greedy one, and the engine's own batches are cut to the same budget."""
+    gate = Gate()
+    batcher, _ = held_batcher(gate, engine, max_tokens=100)
+    beam4 = replace(engine.config.decode, beam_size=4)
+    futures = [batcher.submit([[i] * 10], beam4) for i in range(6)]  # 40 each
+    gate.open.set()
+    for f in futures:
+        f.result(timeout=30)
+    assert gate.calls[1:] == [(2, 25)] * 3
+
+
+def test_work_of_clients_that_left_is_never_searched(engine):
+    """Ten clients post and leave while the batcher is busy: their requests are dropped
+    before they are searched, and the next real request does not wait for them."""
+    gate = Gate()
+    echo = replace(engine, search=gate.search, model=None)
+    app = build_app(echo, "echo", "test", Limits(max_wait=0.0))
+    batcher = app.state.batcher
+    with serving(app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        blocker = threading.Thread(target=call, args=(f"{url}/translate", {"text": ["la luz"]}))
+        blocker.start()
+        assert gate.entered.wait(30)
+        for i in range(10):
+            body = json.dumps({"text": [f"hola {i}"]}).encode()
+            with socket.create_connection((host, int(port)), timeout=30) as s:
+                s.sendall(
+                    b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                wait_for(lambda n=i + 1: batcher.waiting == n)  # queued, then its client leaves
+        wait_for(lambda: batcher.pending == 0)  # each noticed and cancelled
+        gate.open.set()
+        status, body, _ = call(f"{url}/translate", {"text": ["y dijo dios"]})
+        blocker.join(timeout=30)
+    assert status == 200 and batcher.dropped == 10
+    searched = echo.tokenizer.decode_tgt(gate.searched)
+    assert searched == ["la luz", "y dijo dios"]
+
+
+def wait_for(condition, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_full_queue_is_a_503_with_retry_after_at_once(engine):
+    gate = Gate()
+    app = build_app(
+        replace(engine, search=gate.search, model=None), "echo", "test", Limits(max_queue=50)
+    )
+    batcher = app.state.batcher
+    with serving(app) as url:
+        blocker = threading.Thread(target=call, args=(f"{url}/translate", {"text": ["la luz"]}))
+        blocker.start()
+        assert gate.entered.wait(30)
+        filler = batcher.submit([[5] * 60], engine.config.decode)  # alone it may wait
+        started = time.monotonic()
+        status, body, _ = call(f"{url}/translate", {"text": ["hola"]}, timeout=20)
+        assert time.monotonic() - started < 10  # at once, not after the search ahead of it
+        request = urllib.request.Request(
+            f"{url}/translate", b'{"text": ["hola"]}', {"Content-Type": "application/json"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=20)
+        gate.open.set()
+        blocker.join(timeout=30)
+        assert filler.result(timeout=30)
+    assert status == 503 and "full" in body["error"]
+    assert refused.value.code == 503 and refused.value.headers["Retry-After"] == "1"
+
+
+def test_a_request_past_its_time_limit_is_a_504_and_dropped(engine):
+    gate = Gate()
+    echo = replace(engine, search=gate.search, model=None)
+    app = build_app(echo, "echo", "test", Limits(max_wait=0.0, timeout=2.0))
+    with serving(app) as url:
+        status, body, _ = call(f"{url}/translate", {"text": ["la luz"]})  # searched, held
+        assert status == 504 and "within 2 s" in body["error"]
+        assert call(f"{url}/translate", {"text": ["hola"]})[0] == 504  # queued behind it
+        assert app.state.batcher.pending == 0
+        gate.open.set()
+        wait_for(lambda: app.state.batcher.waiting == 0)
+        status, body, _ = call(f"{url}/translate", {"text": ["y dijo dios"]})
+    assert status == 200 and body == {"translations": ["y dijo dios"]}
+    assert echo.tokenizer.decode_tgt(gate.searched) == ["la luz", "y dijo dios"]
+    assert app.state.batcher.dropped == 1
+
+
+# --- the shapes of answers, what the server takes, its own settings ---
+
+
+def test_no_sentences_get_no_translations_as_a_list(engine):
+    assert engine.tokenizer.decode_tgt([]) == []
+    with serving(build_app(engine, "run", "pytorch")) as url:
+        assert call(f"{url}/translate", {"text": []})[:2] == (200, {"translations": []})
+        status, body, _ = call(f"{url}/translate", {"text": ["", "   "]})
+    assert (status, body) == (200, {"translations": ["", ""]})
+
+
+@pytest.mark.parametrize(
+    "kind", [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data"]
+)
+def test_only_json_is_taken_so_web_pages_cannot_post_forms(engine, kind):
+    """A page on any site can post a form or text/plain to localhost without asking the
+    server; JSON from another origin needs a CORS consent that is never given."""
+    with serving(build_app(engine, "run", "pytorch")) as url:
+        status, body, _ = call(f"{url}/translate", b'{"text": ["hola"]}', kind=kind)
+        assert status == 415 and "application/json" in body["error"]
+        charset = "application/json; charset=utf-8"
+        assert call(f"{url}/translate", b'{"text": ["hola"]}', kind=charset)[0] == 200
+
+
+def test_the_servers_own_beam_is_checked_at_start_with_the_requests_limits(engine):
+    with pytest.raises(InputError, match="beam.*1 to 32, got 40"):
+        build_app(engine_with_beam(engine, 40), "run", "pytorch")
+    echo = echo_engine(engine_with_beam(engine, 32))  # the largest a request may ask
+    with serving(build_app(echo, "echo", "test")) as url:
+        assert call(f"{url}/translate", {"text": ["hola"]})[:2] == (200, {"translations": ["hola"]})
+
+
+def engine_with_beam(engine: Engine, beam: int) -> Engine:
+    decode = replace(engine.config.decode, beam_size=beam)
+    return replace(engine, config=replace(engine.config, decode=decode))
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--beam", "40"], "error: the server's beam (--beam, decode.beam_size) must be"),
+        (["--set", "decode.beam_size=33"], "got 33"),
+        (["--max-queue", "0"], "error: --max-queue must be 1 or more, got 0"),
+        (["--timeout", "0"], "error: --timeout must be a number of seconds above 0, got 0.0"),
+        (["--max-wait", "nan"], "error: --max-wait must be 0 or more, got nan"),
+    ],
+)
+def test_tf_serve_refuses_bad_settings_at_start_in_one_line(trained, args, says):
+    from typer.testing import CliRunner
+
+    from cli.main import app as cli_app
+
+    # An address uvicorn cannot bind: a check that let a bad setting through fails the test
+    # at once instead of serving forever.
+    done = CliRunner().invoke(cli_app, ["serve", str(trained), "--host", "256.0.0.0", *args])
+    assert done.exit_code == 2, done.output
+    assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1

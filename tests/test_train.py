@@ -29,7 +29,7 @@ def tiny_config(tiny_prefix: str, *overrides: str):
         "tiny",
         [
             f"data.train={tiny_prefix}",
-            f"data.dev={tiny_prefix}",
+            f"data.dev={tiny_prefix}-dev",
             "train.precision=fp32",
             *overrides,
         ],
@@ -134,6 +134,36 @@ def test_out_of_memory_on_one_sentence_is_a_clear_error(tmp_path, tiny_prefix):
         trainer.update(trainer.next_batches())
 
 
+def test_out_of_memory_in_the_optimizer_step_under_fp16_is_one_line_not_a_retry(
+    tmp_path, tiny_prefix, caplog
+):
+    """Adam allocates its moments in its first step, after GradScaler.unscale_: a retry on
+    halves would unscale the same optimiser twice (RuntimeError), and smaller batches do not
+    shrink what the step needs anyway."""
+    trainer = make_trainer(tmp_path, tiny_prefix)
+    trainer.scaler = torch.amp.GradScaler("cpu", enabled=True)  # what fp16 builds on CUDA
+    batches = trainer.next_batches()
+    assert batches[0].src.size(0) > 1  # halving would have been possible
+    real_step = trainer.optimizer.step
+    calls = []
+
+    def step_out_of_memory(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_step(*args, **kwargs)
+
+    trainer.optimizer.step = step_out_of_memory
+    with caplog.at_level("WARNING"), pytest.raises(TrainingError) as raised:
+        trainer.update(batches)
+    message = str(raised.value)
+    assert "out of memory in the optimiser step" in message and "\n" not in message
+    assert "smaller batches" in message
+    assert len(calls) == 1 and "retrying" not in caplog.text
+    assert all(p.grad is None for p in trainer.model.parameters())  # memory given back
+    assert trainer.progress.oom_splits == 0
+
+
 def test_non_finite_loss_skips_the_update_then_stops(tmp_path, tiny_prefix, monkeypatch):
     trainer = make_trainer(
         tmp_path,
@@ -224,7 +254,7 @@ def losses(run: Path) -> list[dict]:
 def test_sigkill_then_resume_continues_bit_for_bit(tmp_path, tiny_prefix):
     common = [
         f"--set=data.train={tiny_prefix}",
-        f"--set=data.dev={tiny_prefix}",
+        f"--set=data.dev={tiny_prefix}-dev",
         "--set=train.deterministic=true",
         "--set=train.precision=fp32",
         "--set=train.save_every=3",
@@ -265,7 +295,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, tiny_prefix):
         "--out",
         str(run),
         f"--set=data.train={tiny_prefix}",
-        f"--set=data.dev={tiny_prefix}",
+        f"--set=data.dev={tiny_prefix}-dev",
         "--set=train.max_steps=100000",
         "--set=train.save_every=2",
         "--set=train.eval_every=0",
@@ -357,3 +387,32 @@ def test_an_fp16_overflow_neither_counts_as_bad_nor_advances_the_schedule(tmp_pa
     assert trainer.progress.step == 2 and trainer.progress.bad_steps == 0
     assert trainer.scheduler.last_epoch == 2  # two real updates, not four
     assert trainer.scaler.updates == 4
+
+
+def test_a_precision_the_device_lacks_is_refused_before_any_work(tmp_path, tiny_prefix):
+    """decode.precision is first used by the first validation (500 updates into `small`): on a
+    CPU, fp16 must be a one-line error at the start, before a tokenizer, data or an update."""
+    from test_cli import assert_user_error, tf
+
+    run = tmp_path / "run"
+    for setting in ("decode.precision=fp16", "train.precision=fp16"):
+        sets = [f"data.train={tiny_prefix}", f"data.dev={tiny_prefix}-dev", "train.device=cpu"]
+        sets.append(setting)
+        result = tf("train", "tiny", "--out", run, *[a for s in sets for a in ("--set", s)])
+        assert_user_error(result, f"{setting.split('=')[0]}: fp16 needs a CUDA device")
+        assert not run.exists()  # no run directory, no tokenizer, no checkpoint
+
+
+def test_a_resume_checks_the_device_before_it_touches_the_run(tmp_path, tiny_prefix):
+    """A run trained on a GPU in fp16 and resumed on a CPU: refused before any update, the run
+    left as it was (its config.yaml and last.pt)."""
+    from test_cli import assert_user_error, tf
+
+    config = tiny_config(tiny_prefix, "train.max_steps=2", "train.eval_every=0")
+    run_train(config, tmp_path / "run", resume=False)
+    run = tmp_path / "run"
+    before = {p: p.read_bytes() for p in (run / "config.yaml", run / "checkpoints" / "last.pt")}
+    sets = ["--set", "decode.precision=fp16", "--set", "train.max_steps=4"]
+    result = tf("train", "--resume", run, "--allow-config-change", *sets)
+    assert_user_error(result, "decode.precision: fp16 needs a CUDA device")
+    assert {p: p.read_bytes() for p in before} == before

@@ -11,7 +11,7 @@ from cli.device import pick_device
 from cli.inference.engines import load_engine
 from cli.inference.scoring import check_parallel, score
 from data.errors import InputError
-from data.text import read_file_lines
+from data.text import check_readable, read_file_lines
 
 
 def run_eval(
@@ -25,8 +25,11 @@ def run_eval(
     as_json: bool,
     int8: bool = False,
 ) -> str:
-    """Translate `src` with the run's model (or read `hyp`) and score it against `ref`."""
-
+    """Translate `src` with the run's model (or read `hyp`) and score it against `ref`; each may
+    be a pipe (`--ref <(cmd)`), read once."""
+    for path in (ref, hyp if hyp is not None else src):
+        if path is not None:
+            check_readable(path)  # all of them, before a pipe is consumed
     refs = read_file_lines(ref)
     settings: dict[str, Any] = {}
     if hyp is not None:

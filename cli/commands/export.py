@@ -1,4 +1,5 @@
-"""`tf export`: a trained model for CTranslate2 or Hugging Face `transformers`."""
+"""`tf export`: a trained model for CTranslate2 or Hugging Face `transformers` (a directory
+that `AutoModelForSeq2SeqLM` and `AutoTokenizer` load, with a model card to upload as it is)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 
 from cli.exporters.ctranslate2 import export_ctranslate2
 from cli.exporters.marian import export_marian
-from cli.training.checkpoint import load_for_inference
+from cli.exporters.model_card import model_card, run_scores
+from cli.training.checkpoint import load_checkpoint, load_for_inference, resolve_checkpoint
 from data.errors import InputError
 
 ENGINES = {"ctranslate2": "ctranslate2", "huggingface": "transformers"}
@@ -42,6 +44,9 @@ def run_export(run: str, to: str, out: Path, quantization: str | None, force: bo
         else:
             staging.mkdir(parents=True)
             export_marian(model, tokenizer, config, staging)
+            step = load_checkpoint(resolve_checkpoint(run)[0]).get("step")
+            card = model_card(model, tokenizer, config, step, run_scores(run))
+            (staging / "README.md").write_text(card, encoding="utf-8")
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)
     finally:

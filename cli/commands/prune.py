@@ -11,6 +11,7 @@ A short fine-tune usually wins back what pruning costs: `tf train CONFIG --init 
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -36,8 +37,12 @@ def run_prune(run: str, out: Path, heads: int, ffn: float) -> str:
     """Prune RUN's model into the checkpoint OUT, with its tokenizer beside it."""
     check_output(out)
     model, tokenizer, config = load_for_inference(run, torch.device("cpu"))
+    beside = (out.parent.parent if out.parent.name == "checkpoints" else out.parent) / "tokenizer"
+    copy = tokenizer_to_place(tokenizer, beside)  # checked before any work
     pruned, new_config = prune(model, tokenizer, config, heads, ffn)
     source, _ = resolve_checkpoint(run)
+    if copy:  # first: `tf translate OUT` finds the tokenizer next to it
+        copy_tokenizer(tokenizer, beside)
     save_atomic(
         {
             "format": FORMAT,
@@ -48,11 +53,39 @@ def run_prune(run: str, out: Path, heads: int, ffn: float) -> str:
         },
         out,
     )
-    beside = (out.parent.parent if out.parent.name == "checkpoints" else out.parent) / "tokenizer"
-    if not Tokenizer.found_in(beside):  # `tf translate OUT` finds the tokenizer next to it
-        shutil.copytree(tokenizer.directory, beside)
     before, after = model.num_parameters(), pruned.num_parameters()
     return f"{out}: {after / 1e6:.2f}M parameters (from {before / 1e6:.2f}M)"
+
+
+def tokenizer_to_place(tokenizer: Tokenizer, beside: Path) -> bool:
+    """Whether `tokenizer` must still be copied into `beside`, where the pruned checkpoint's
+    readers look for it. Another tokenizer there is refused, not replaced: it belongs to the
+    checkpoints already beside it, which replacing it would break."""
+    if Tokenizer.found_in(beside):
+        if Tokenizer.load(beside).digest() != tokenizer.digest():
+            raise InputError(
+                f"{beside}: holds another tokenizer than {tokenizer.directory}, the pruned "
+                "model's; write the pruned checkpoint into another folder"
+            )
+        return False
+    if beside.exists() and not (beside.is_dir() and not any(beside.iterdir())):
+        raise InputError(
+            f"{beside}: exists and is no tokenizer folder; write the pruned checkpoint elsewhere"
+        )
+    return True
+
+
+def copy_tokenizer(tokenizer: Tokenizer, beside: Path) -> None:
+    """Copy the tokenizer's folder to `beside` whole or not at all: into a temporary folder
+    next to it, renamed into place (over an empty folder, or none)."""
+    tmp = beside.with_name(f".{beside.name}.{os.getpid()}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)  # a killed earlier copy
+    try:
+        shutil.copytree(tokenizer.directory, tmp)
+        os.replace(tmp, beside)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def prune(

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 from pathlib import Path
 
 import torch
 
 from cli.config import Config, save_config
+from cli.files import atomic_output
 from cli.training import distributed
+from cli.training.preflight import check_settings
 from cli.training.run import RunDir, start_run
 from cli.training.trainer import Trainer
 
@@ -20,6 +23,7 @@ def run_train(config: Config, out: Path, resume: bool, force: bool = False) -> s
     """The `tf train` command; returns why training stopped."""
     dd, device = distributed.init(config.train.device, config.train.dist_timeout)
     try:
+        check_settings(config, device)  # before the run directory, the tokenizer, the data
         reason = _train(config, out, resume, force, dd, device)
         # The trainer (its DDP reducer, its memory-mapped Arrow tables) is gone by now, and no
         # rank leaves while another still writes its last checkpoint: a rank tearing its
@@ -50,18 +54,37 @@ def _train(
             start_run(config, out, force)
     distributed.barrier(dd)
     trainer = Trainer(config, run, dd, device, resume=resume)
-    if dd.main:
-        c = trainer.data.counts
-        log.info("%s: %s", config.data.train, ", ".join(f"{k} {v}" for k, v in c.items()))
-        log.info(
-            "model: %.2fM parameters on %s, autocast %s",
-            trainer.model.num_parameters() / 1e6,
-            device,
-            trainer.dtype or "off",
-        )
-    with trainer.signals_stop():
-        reason = trainer.fit()
+    try:
+        if dd.main:
+            report_data(trainer.data.report, run)
+            log.info(
+                "model: %.2fM parameters on %s, autocast %s",
+                trainer.model.num_parameters() / 1e6,
+                device,
+                trainer.dtype or "off",
+            )
+        with trainer.signals_stop():
+            reason = trainer.fit()
+    finally:
+        trainer.close()  # the prefetching thread, whether training ended or failed
     log.info(
         "stopped (%s) at step %d; checkpoints in %s", reason, trainer.progress.step, run.checkpoints
     )
     return reason
+
+
+def report_data(report: dict, run: RunDir) -> None:
+    """What each training corpus gave, in the log and in RUN/data.json."""
+    for c in report["corpora"]:
+        removed = ", ".join(f"{rule} {n}" for rule, n in c["removed"].items())
+        log.info(
+            "%s: read %d, removed %s; kept %d, %d per epoch (weight %g)",
+            c["spec"],
+            c["read"],
+            removed,
+            c["kept"],
+            c["per_epoch"],
+            c["weight"],
+        )
+    with atomic_output(run.data_report) as f:
+        json.dump(report, f, indent=1)

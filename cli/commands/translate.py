@@ -21,7 +21,7 @@ from cli.files import atomic_output, check_output
 from cli.inference.decoding import as_they_arrive, chunks, format_hypotheses
 from cli.inference.engines import load_engine
 from data.errors import InputError
-from data.text import read_lines
+from data.text import check_readable, read_lines
 
 if TYPE_CHECKING:
     from cli.inference.heatmaps import AttentionOptions
@@ -38,16 +38,17 @@ def run_translate(
     attention: AttentionOptions | None = None,
     int8: bool = False,
 ) -> None:
-    """The `tf translate` command: stdin/FILE to stdout/FILE, with the run's decode settings
-    changed by `overrides` (`decode.KEY=VALUE`); RUN may be an exported CTranslate2 directory;
-    `int8` runs the PyTorch model's linear layers in dynamic int8; with `attention`, also a
-    heatmap of the cross-attention of each line's best translation (`cli.inference.heatmaps`)."""
+    """The `tf translate` command: stdin/FILE (or a pipe, `-i <(cmd)`) to stdout/FILE, with the
+    run's decode settings changed by `overrides` (`decode.KEY=VALUE`); RUN may be an exported
+    CTranslate2 directory; `int8` runs the PyTorch model's linear layers in dynamic int8; with
+    `attention`, also a heatmap of the cross-attention of each line's best translation
+    (`cli.inference.heatmaps`)."""
     from tqdm import tqdm
 
     from cli.inference.heatmaps import prepare_attention, write_attention  # matplotlib: optional
 
-    if input_path is not None and not input_path.is_file():
-        raise InputError(f"{input_path}: no such file")
+    if input_path is not None:
+        check_readable(input_path)  # a file, or a pipe such as `<(cmd)` or /dev/stdin
     if output_path is not None:
         check_output(output_path)
     engine = load_engine(run, pick_device(device_name), overrides, int8)
@@ -62,14 +63,11 @@ def run_translate(
     group = chunks if is_regular_file(raw) else as_they_arrive
     results = engine.stream(read_lines(raw, source), source, group)
     if input_path and progress:
+        # A pipe is read once: only a regular file can be counted ahead for the bar's total.
+        total = count_lines(input_path) if group is chunks else None
         results = tqdm(
-            results,
-            desc="translate",
-            unit="line",
-            file=sys.stderr,
-            total=count_lines(input_path),
-            disable=None,
-        )  # None: only on a terminal
+            results, desc="translate", unit="line", file=sys.stderr, total=total, disable=None
+        )  # disable=None: only on a terminal
     # A file is written beside its target and renamed at the end: an error leaves no half file.
     with atomic_output(output_path) if output_path else nullcontext(sys.stdout) as out:
         try:

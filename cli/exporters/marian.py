@@ -1,4 +1,5 @@
-"""A `tf` model as a Hugging Face `MarianMTModel` + `MarianTokenizer` directory.
+"""A `tf` model as a Hugging Face `MarianMTModel` directory with a fast tokenizer, loaded as any
+translation model is (`AutoTokenizer`, `AutoModelForSeq2SeqLM`, `generate`), with a model card.
 
 Marian is the same Post-LN encoder-decoder (ReLU FFN, embeddings x sqrt(D), sinusoidal
 positions), with three differences proven away by the tests:
@@ -10,22 +11,24 @@ positions), with three differences proven away by the tests:
   Marian's. Attention heads are untouched: only the residual side of Q, K, V is permuted.
 - Separate q/k/v projections: our fused (3D, D) matrices are split in rows.
 - Special tokens: the decoder starts from BOS (`decoder_start_token_id`), `final_logits_bias` is
-  zero. Our sources carry no EOS, but MarianTokenizer appends one to every source, with no way
-  to turn that off: the exported tokenizer appends the pad token instead, which the attention
-  mask must hide. transformers 5 no longer derives an encoder-decoder model's mask from the pad
-  id, so the caller sets it: `inputs["attention_mask"] = (inputs["input_ids"] != pad_id)`.
-  With that mask the outputs are exactly `tf`'s.
+  zero. Our sources carry no EOS, and MarianTokenizer appends one to every source: the export
+  has a fast tokenizer of its own instead, which appends nothing (`cli.exporters.hf_tokenizer`).
+
+`generation_config.json` makes a bare `generate(**inputs)` tf's greedy search: one beam, EOS
+blocked for `decode.min_len` tokens, and tf's length limit, which is one number for all
+sentences in `transformers` (`max_length`) but `a * len(src) + b` per sentence in tf: exact when
+`decode.max_len_a` is 0, else the model's own limit, which only a sentence that tf cuts at its
+limit (no EOS in sight) ever reaches.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import torch
 
-from cli.config import Config
+from cli.config import Config, DecodeConfig
+from cli.exporters.hf_tokenizer import write_tokenizer
 from data.errors import InputError
 from data.tokenizer import Tokenizer
 from model.transformer import Transformer
@@ -37,8 +40,9 @@ def half_split_permutation(d_model: int) -> torch.Tensor:
 
 
 def export_marian(model: Transformer, tokenizer: Tokenizer, config: Config, out: Path) -> None:
-    """Write `model` as a MarianMTModel directory `out` that `transformers.pipeline` loads."""
-    from transformers import GenerationConfig, MarianConfig, MarianMTModel
+    """Write `model` as a MarianMTModel directory `out`, with its tokenizer: what
+    `AutoModelForSeq2SeqLM` and `AutoTokenizer` load (the model card is written by the caller)."""
+    from transformers import MarianConfig, MarianMTModel
 
     c = model.config
     if c.norm_first:
@@ -82,14 +86,25 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, config: Config, out:
     }
     if unexpected or set(missing) - allowed:
         raise RuntimeError(f"weights that do not fit Marian: {unexpected or missing}")
-    marian.generation_config = GenerationConfig(
-        **special,
-        max_length=min(c.max_positions, 512),
-        num_beams=config.decode.beam_size,
-        length_penalty=0.0,  # HF divides by len ** alpha, not GNMT's ((5 + len) / 6) ** alpha
-    )
+    marian.generation_config = generation_config(special, config.decode, c.max_positions)
     marian.save_pretrained(out, safe_serialization=True)
-    write_marian_tokenizer(tokenizer, out)
+    write_tokenizer(tokenizer, out, c.max_positions)
+
+
+def generation_config(special: dict[str, int], decode: DecodeConfig, max_positions: int):
+    """What a bare `generate` does: tf's greedy search (see the module docstring)."""
+    from transformers import GenerationConfig
+
+    most = max_positions - 1  # tokens before the EOS, as `search_batch` clamps them
+    tokens = max(1, min(int(decode.max_len_b), most)) if decode.max_len_a == 0 else most
+    extra = {"min_new_tokens": decode.min_len} if decode.min_len else {}
+    return GenerationConfig(
+        **special,
+        **extra,
+        num_beams=1,
+        do_sample=False,
+        max_length=tokens + 2,  # BOS, the tokens, the EOS forced at the limit
+    )
 
 
 def marian_weights(model: Transformer) -> dict[str, torch.Tensor]:
@@ -145,34 +160,3 @@ def _ffn(out: dict, ours: dict, src: str, dst: str, perm: torch.Tensor) -> None:
 def _norm(out: dict, ours: dict, src: str, dst: str, perm: torch.Tensor) -> None:
     out[dst + "weight"] = ours[src + "weight"][perm]
     out[dst + "bias"] = ours[src + "bias"][perm]
-
-
-def write_marian_tokenizer(tokenizer: Tokenizer, out: Path) -> None:
-    """source.spm, target.spm, vocab.json and the tokenizer config, written by MarianTokenizer."""
-    from transformers import MarianTokenizer
-
-    if not tokenizer.joint:
-        raise InputError("MarianTokenizer takes one vocabulary: export needs a joint tokenizer")
-    (path,) = tokenizer.model_paths()
-    staging = out / ".tokenizer"
-    staging.mkdir()
-    try:
-        shutil.copyfile(path, staging / "source.spm")
-        shutil.copyfile(path, staging / "target.spm")
-        vocab = {piece: i for i, piece in enumerate(tokenizer.src_vocabulary())}
-        (staging / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), "utf-8")
-        pieces = tokenizer.src_vocabulary()
-        marian = MarianTokenizer(
-            str(staging / "source.spm"),
-            str(staging / "target.spm"),
-            str(staging / "vocab.json"),
-            unk_token=pieces[tokenizer.unk_id],
-            pad_token=pieces[tokenizer.pad_id],
-            # Appended to every source by MarianTokenizer; our sources have no EOS, so it
-            # appends padding, for the attention mask to hide (see the module docstring).
-            eos_token=pieces[tokenizer.pad_id],
-            additional_special_tokens=[pieces[tokenizer.bos_id], pieces[tokenizer.eos_id]],
-        )
-        marian.save_pretrained(out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)

@@ -1,8 +1,12 @@
-"""Requests from concurrent clients translated together: a queue, a few milliseconds' wait, one
-search per group of requests that share decode settings, each answer back to its request.
+"""Requests from concurrent clients translated together: a bounded queue, a few milliseconds'
+wait, one search per group of requests that share decode settings, each answer back to its
+request.
 
 Only the batcher's thread touches the model, so the server's request handlers never block on
-it (they await a future) and the engine needs no locking.
+it (they await a future) and the engine needs no locking. Futures follow the
+`concurrent.futures` protocol: a request that is cancelled (its client left, its time ran out)
+before the batcher takes it is dropped unsearched; once taken it can no longer be cancelled,
+so setting its result never meets a cancelled future. Nothing a job does stops the thread.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple, dataclass, field, replace
 
 from cli.config import DecodeConfig
 from cli.inference.engines import Search
@@ -21,67 +25,161 @@ from model.search import Hypothesis
 log = logging.getLogger(__name__)
 
 
+class QueueFull(Exception):
+    """The queue holds as much work as it may: the request is refused, to be tried later."""
+
+
 @dataclass
 class Job:
     src_ids: list[list[int]]
     decode: DecodeConfig
     done: Future = field(default_factory=Future)  # -> list[list[Hypothesis]], one per source
+    queued: bool = False  # counted in Batcher.pending (guarded by Batcher.lock)
 
     @property
-    def tokens(self) -> int:
-        return sum(len(ids) for ids in self.src_ids)
+    def cost(self) -> int:
+        """What it weighs in a batch and in the queue: source tokens x beam, for the search
+        keeps `beam` hypotheses per sentence and its memory grows with both."""
+        tokens = sum(max(1, len(ids)) for ids in self.src_ids)
+        return tokens * max(1, self.decode.beam_size)
 
 
 class Batcher:
     """Feeds `search` groups of jobs: a group starts with the oldest waiting job and takes
-    those that arrive within `max_wait` seconds after it, up to `max_tokens` source tokens."""
+    those that arrive within `max_wait` seconds after it, up to `max_tokens` source tokens x
+    beam. At most `max_queue` of that waits in the queue (one job of any size when it is
+    empty): past it `submit` raises QueueFull."""
 
-    def __init__(self, search: Search, max_tokens: int, max_wait: float = 0.005) -> None:
+    def __init__(
+        self, search: Search, max_tokens: int, max_wait: float = 0.005, max_queue: int = 1 << 16
+    ) -> None:
         self.search, self.max_tokens, self.max_wait = search, max_tokens, max_wait
+        self.max_queue = max_queue
         self.jobs: queue.Queue[Job] = queue.Queue()
+        self.held: Job | None = None  # taken from `jobs`, over the last group's budget
+        self.lock = threading.Lock()
+        self.pending = 0  # cost of the jobs waiting to be taken, cancelled ones not counted
         self.searches = 0  # calls of `search` made (the tests' window on the batching)
-        threading.Thread(target=self.work, name="batcher", daemon=True).start()
+        self.dropped = 0  # jobs cancelled before they were searched
+        self.thread = threading.Thread(target=self.work, name="batcher", daemon=True)
+        self.thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
 
     def submit(self, src_ids: list[list[int]], decode: DecodeConfig) -> Future:
+        """Queue a job; its future gets one list of hypotheses per source. Raises QueueFull."""
         job = Job(src_ids, decode)
+        with self.lock:
+            if self.pending and self.pending + job.cost > self.max_queue:
+                raise QueueFull(f"the queue is full ({self.pending} of {self.max_queue} waiting)")
+            self.pending += job.cost
+            job.queued = True
+        # A job cancelled while it waits stops counting at once: the queue frees its room.
+        job.done.add_done_callback(lambda done: self.release(job) if done.cancelled() else None)
         self.jobs.put(job)
         return job.done
 
+    def release(self, job: Job) -> None:
+        """Stop counting `job` as waiting (once, whether taken or cancelled first)."""
+        with self.lock:
+            if job.queued:
+                job.queued = False
+                self.pending -= job.cost
+
     def take(self) -> list[Job]:
         """The next group of jobs (blocks until there is one)."""
-        group = [self.jobs.get()]
-        tokens = group[0].tokens
+        group = [self.held or self.jobs.get()]
+        self.held = None
+        cost = group[0].cost
         deadline = time.monotonic() + self.max_wait
-        while tokens < self.max_tokens:
+        while cost < self.max_tokens:
             left = deadline - time.monotonic()
             try:
                 job = self.jobs.get(timeout=left) if left > 0 else self.jobs.get_nowait()
             except queue.Empty:
                 break
+            if cost + job.cost > self.max_tokens:
+                self.held = job  # it starts the next group: this one is full
+                break
             group.append(job)
-            tokens += job.tokens
+            cost += job.cost
+        for job in group:
+            self.release(job)
         return group
 
+    @property
+    def waiting(self) -> int:
+        """Jobs not yet taken into a search (cancelled ones included until dropped)."""
+        return self.jobs.qsize() + (self.held is not None)
+
     def work(self) -> None:
+        """The thread: groups taken, the jobs still wanted searched; it never dies of a job."""
         while True:
+            try:
+                self.work_once()
+            except Exception:  # noqa: BLE001 - a bug here must not leave every request hanging
+                log.exception("the batcher failed; it goes on")
+
+    def work_once(self) -> None:
+        wanted = []
+        for job in self.take():
+            # False: cancelled while it waited (the client left, its time ran out): drop it.
+            if job.done.set_running_or_notify_cancel():
+                wanted.append(job)
+            else:
+                self.dropped += 1
+        try:
             by_settings: dict[tuple, list[Job]] = {}
-            for job in self.take():
+            for job in wanted:
                 by_settings.setdefault(astuple(job.decode), []).append(job)
             for jobs in by_settings.values():
                 self.run(jobs)
+        except Exception as err:  # noqa: BLE001 - running futures must be settled, or they hang
+            log.exception("the batcher failed on %d request(s)", len(wanted))
+            fail(wanted, err)
 
     def run(self, jobs: list[Job]) -> None:
-        """One search over the sources of `jobs` (same settings); each gets its share back."""
-        sources = [ids for job in jobs for ids in job.src_ids]
+        """One search over the sources of `jobs` (same settings); each gets its share back.
+        When it fails, each job is searched alone: only a bad request fails."""
         try:
-            self.searches += 1
-            found: list[list[Hypothesis]] = self.search(sources, jobs[0].decode)
+            found = self.searched([ids for job in jobs for ids in job.src_ids], jobs[0].decode)
         except Exception as err:  # noqa: BLE001 - reported to the requests, the thread lives on
-            log.exception("search failed on %d sentences", len(sources))
+            if len(jobs) == 1:
+                log.exception("search failed on %d sentences", len(jobs[0].src_ids))
+                fail(jobs, err)
+                return
+            log.warning("search failed on %d requests together (%s); one at a time", len(jobs), err)
             for job in jobs:
-                job.done.set_exception(err)
+                self.run([job])
             return
         start = 0
         for job in jobs:
-            job.done.set_result(found[start : start + len(job.src_ids)])
+            finish(job, result=found[start : start + len(job.src_ids)])
             start += len(job.src_ids)
+
+    def searched(self, sources: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
+        """`search` under the batch budget counted with the beam: the engine's own batches of
+        source tokens then hold `max_tokens` / beam of them, whatever beam a client asks."""
+        self.searches += 1
+        budget = max(1, self.max_tokens // max(1, decode.beam_size))
+        found = self.search(sources, replace(decode, max_tokens=budget))
+        if len(found) != len(sources):
+            raise RuntimeError(f"the search returned {len(found)} results for {len(sources)}")
+        return found
+
+
+def finish(job: Job, result=None, error: BaseException | None = None) -> None:
+    """Set the job's outcome; a future already settled (it cannot be, once running) is left."""
+    if job.done.done():
+        return
+    if error is None:
+        job.done.set_result(result)
+    else:
+        job.done.set_exception(error)
+
+
+def fail(jobs: list[Job], error: BaseException) -> None:
+    for job in jobs:
+        finish(job, error=error)

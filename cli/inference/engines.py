@@ -2,7 +2,10 @@
 layers in dynamic int8), or an exported CTranslate2 directory, behind one streaming interface.
 
 Each engine yields, for every input line in order, the source ids it translated and the
-hypotheses (ids, best first), so output formatting and scoring never depend on the engine.
+hypotheses (ids, best first, scored as `model.search.Hypothesis` says), so output formatting and
+scoring never depend on the engine. Every decode setting is checked against the engine and the
+device when the engine is loaded: one that cannot work is a one-line error before the first
+sentence (or, in `tf serve`, the first request), not a failure of every search.
 """
 
 from __future__ import annotations
@@ -15,17 +18,21 @@ from pathlib import Path
 import torch
 
 from cli.config import Config, DecodeConfig, load_config, with_overrides
+from cli.device import autocast_dtype
 from cli.exporters.ctranslate2 import TF_CONFIG, is_ctranslate2_dir
-from cli.inference.decoding import Grouping, chunks, encode_sources, translate_ids
+from cli.inference.decoding import Grouping, chunks, encode_sources, is_greedy, translate_ids
 from cli.training.checkpoint import CheckpointError, load_for_inference
 from data.errors import InputError
 from data.tokenizer import Tokenizer
-from model.search import Hypothesis
+from model.search import Hypothesis, gnmt_length_penalty
 from model.transformer import Transformer
 
 Results = Iterator[tuple[list[int], list[Hypothesis]]]
 # (source ids, decode settings) -> each source's hypotheses, best first, in input order
 Search = Callable[[list[list[int]], DecodeConfig], list[list[Hypothesis]]]
+# decode.precision -> CTranslate2's compute_type. auto: the type the directory was exported in
+# (`tf export --quantization`), as CTranslate2's "default"; fp32 gives tf's fp32 numbers.
+CT2_COMPUTE_TYPES = {"auto": "default", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass
@@ -47,7 +54,13 @@ class Engine:
 
 
 def load_engine(run: str, device: torch.device, overrides: list[str], int8: bool = False) -> Engine:
-    """The engine for RUN (a run directory or checkpoint) or for an exported CTranslate2 DIR."""
+    """The engine for RUN (a run directory or checkpoint) or for an exported CTranslate2 DIR,
+    its decode settings checked against it and `device` (see the module docstring).
+
+    Raises:
+        InputError: a setting this engine cannot run on this device (fp16 on a CPU, a patience
+            of 0 for CTranslate2, a precision CTranslate2 lacks there, --int8 off the CPU...).
+    """
     if is_ctranslate2_dir(run):
         if int8:
             raise InputError(f"{run}: --int8 is for PyTorch models; export with --quantization")
@@ -58,6 +71,7 @@ def load_engine(run: str, device: torch.device, overrides: list[str], int8: bool
         model = quantize_int8(model, device)
         # Its layers take fp32 activations (quantized on the fly), never autocast's bf16.
         config = replace(config, decode=replace(config.decode, precision="fp32"))
+    autocast_dtype(config.decode.precision, device, "decode.precision")  # fp16 needs CUDA
 
     def search(src_ids: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
         return translate_ids(model, tokenizer, src_ids, decode, device)
@@ -83,8 +97,14 @@ def ctranslate2_engine(directory: Path, device: torch.device, overrides: list[st
         raise InputError("CTranslate2 is needed to run it: pip install 'tf[export]'") from None
     tokenizer = Tokenizer.load(directory)
     config = with_overrides(load_config(directory / TF_CONFIG), overrides)
+    check_ct2_decode(config.decode)
     try:
-        translator = ctranslate2.Translator(str(directory), device=device.type)
+        translator = ctranslate2.Translator(
+            str(directory),
+            device=device.type,
+            device_index=device.index or 0,  # "cuda" alone is the current device, 0
+            compute_type=ct2_compute_type(ctranslate2, config.decode.precision, device),
+        )
     except (RuntimeError, ValueError) as e:
         raise CheckpointError(f"{directory}: not a loadable CTranslate2 model ({e})") from None
 
@@ -92,6 +112,29 @@ def ctranslate2_engine(directory: Path, device: torch.device, overrides: list[st
         return translate_ids_ct2(translator, tokenizer, src_ids, replace(config, decode=decode))
 
     return Engine(tokenizer, config, search)
+
+
+def check_ct2_decode(decode: DecodeConfig) -> None:
+    """Refuse the decode settings that tf runs and CTranslate2 cannot."""
+    if decode.patience <= 0:
+        raise InputError(
+            "decode.patience 0 (search on until no live hypothesis can win) is tf's own; "
+            "CTranslate2 needs a patience above 0"
+        )
+
+
+def ct2_compute_type(ctranslate2, precision: str, device: torch.device) -> str:
+    """CTranslate2's compute_type for `decode.precision`, checked to exist on `device`."""
+    compute_type = CT2_COMPUTE_TYPES[precision]
+    if compute_type == "default":  # the exported type, which CTranslate2 converts as needed
+        return compute_type
+    supported = ctranslate2.get_supported_compute_types(device.type, device.index or 0)
+    if compute_type not in supported:
+        raise InputError(
+            f"decode.precision={precision}: CTranslate2 on {device} computes in "
+            f"{', '.join(sorted(supported))} only; use fp32, or auto (the exported type)"
+        )
+    return compute_type
 
 
 def translate_ids_ct2(
@@ -104,13 +147,8 @@ def translate_ids_ct2(
     limit are searched again under it (one call per limit; few sentences on a trained model).
     Its length penalty divides by len ** alpha, not GNMT's ((5 + len) / 6) ** alpha, and its
     beam search never returns an empty output: with alpha 0 and `decode.min_len` 1 its search
-    is ours.
+    is ours. Its scores are turned into ours (`_tf_hypotheses`).
     """
-    if config.decode.patience <= 0:
-        raise InputError(
-            "decode.patience 0 (search on until no live hypothesis can win) is tf's own; "
-            "CTranslate2 needs a patience above 0"
-        )
     results = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
     limits = {i: _length_limit(len(ids), config) for i, ids in enumerate(src_ids) if ids}
     if not limits:
@@ -136,21 +174,46 @@ def _length_limit(src_len: int, config: Config) -> int:
 def _search_ct2(translator, tokenizer, src_ids, rows, limit, config, results) -> None:
     """Search `rows` of `src_ids` under one length limit; their hypotheses into `results`."""
     decode: DecodeConfig = config.decode
+    # Greedy search has no length penalty (its choices never depend on one): the scores
+    # CTranslate2 returns are then the plain sums.
+    alpha = 0.0 if is_greedy(decode) else decode.length_penalty
+    sources = [tokenizer.src_id_pieces(src_ids[i]) for i in rows]
     found = translator.translate_batch(
-        [tokenizer.src_id_pieces(src_ids[i]) for i in rows],
+        sources,
         beam_size=decode.beam_size,
         num_hypotheses=decode.nbest,
-        length_penalty=decode.length_penalty,
+        length_penalty=alpha,
         max_decoding_length=limit,
         min_decoding_length=decode.min_len,
         no_repeat_ngram_size=decode.no_repeat_ngram_size,
         patience=decode.patience,
         max_batch_size=decode.max_tokens,
         batch_type="tokens",
+        max_input_length=0,  # sources are cut to the model's limit already, never at 1024
         return_scores=True,
     )
-    for i, result in zip(rows, found):
-        results[i] = [
-            Hypothesis(tokenizer.tgt_piece_ids(pieces), score, score)
-            for pieces, score in zip(result.hypotheses, result.scores)
-        ]
+    for i, source, result in zip(rows, sources, found):
+        results[i] = _tf_hypotheses(translator, tokenizer, source, result, limit, decode)
+
+
+def _tf_hypotheses(translator, tokenizer, source, result, limit, decode) -> list[Hypothesis]:
+    """CTranslate2's hypotheses with tf's scores, best first by them.
+
+    CTranslate2 scores log P / |Y| ** alpha, and tf GNMT's log P / ((5 + |Y|) / 6) ** alpha
+    (greedy: log P), log P and |Y| counting the EOS (`Hypothesis.log_prob` is that sum). A
+    hypothesis cut at the length limit has no EOS in CTranslate2, where tf forces one and counts
+    its log-probability: those few are scored again, with EOS, by CTranslate2's forced decoding.
+    """
+    alpha = 0.0 if is_greedy(decode) else decode.length_penalty
+    hyps = []
+    for pieces, score in zip(result.hypotheses, result.scores):
+        if len(pieces) >= limit:
+            (forced,) = translator.score_batch([source], [pieces], max_input_length=0)
+            log_prob = sum(forced.log_probs)
+        else:
+            log_prob = score * (len(pieces) + 1) ** alpha
+        tf_score = (
+            log_prob if alpha == 0 else log_prob / gnmt_length_penalty(len(pieces) + 1, alpha)
+        )
+        hyps.append(Hypothesis(tokenizer.tgt_piece_ids(pieces), tf_score, log_prob))
+    return sorted(hyps, key=lambda h: h.score, reverse=True)  # stable: ties keep their order

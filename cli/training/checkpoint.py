@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from cli.config import Config, ConfigError, from_dict
+from cli.config import Config, ConfigError, check_config, from_dict
 from cli.files import atomic_output
 from cli.training.run import RunDir
 from data.tokenizer import Tokenizer
@@ -88,14 +88,65 @@ def config_from_checkpoint(ckpt: dict[str, Any], path: Path) -> Config:
         raise CheckpointError(f"{path}: checkpoint config unreadable ({e})") from None
 
 
+# What `train.init` takes from its checkpoint besides the tokenizer: the settings that decide
+# which weights exist and their shapes. Every other setting stays as the config says: the
+# dropouts, and `max_positions`, which shapes no weight (the sinusoidal table is computed and
+# never saved), so the config's own limit holds for the sentences it trains on.
+INIT_SHAPES = (
+    "d_model",
+    "n_heads",
+    "d_head",
+    "d_ff",
+    "n_encoder_layers",
+    "n_decoder_layers",
+    "norm_first",  # Pre-LN has two more norms, and Post-LN weights mean something else
+    "tie_embeddings",
+)
+
+
 def with_init(config: Config) -> Config:
-    """`config` with `train.init`'s model shapes and tokenizer (unchanged without `train.init`)."""
+    """`config` with `train.init`'s model shapes and tokenizer, every other setting as it was,
+    checked as a whole (unchanged without `train.init`).
+
+    Raises:
+        CheckpointError: no such checkpoint, or its tokenizer is not the one it was trained with.
+        ConfigError: the merged config breaks a rule of `check_config`.
+    """
     if not config.train.init:
         return config
     path, run = resolve_checkpoint(config.train.init)
-    init = config_from_checkpoint(load_checkpoint(path), path)
-    data = replace(config.data, tokenizer=str(run.tokenizer))
-    return replace(config, model=init.model, data=data)
+    ckpt = load_checkpoint(path)
+    init = config_from_checkpoint(ckpt, path)
+    tokenizer = init_tokenizer(config, ckpt, path, run)
+    shapes = {name: getattr(init.model, name) for name in INIT_SHAPES}
+    # The run adopts that tokenizer (data.tokenizer); joint_vocab then says what it is, as the
+    # check of tie_embeddings "all" needs.
+    data = replace(config.data, tokenizer=str(tokenizer.directory), joint_vocab=tokenizer.joint)
+    merged = replace(config, model=replace(config.model, **shapes), data=data)
+    return check_config(merged, f"the config with train.init {path}")
+
+
+def init_tokenizer(config: Config, ckpt: dict[str, Any], path: Path, run: RunDir) -> Tokenizer:
+    """The tokenizer the embeddings of checkpoint `path` belong to: the config's
+    `data.tokenizer` if it names one, else the one beside the checkpoint; either must be the
+    tokenizer the checkpoint was trained with (its digest)."""
+    source = Path(config.data.tokenizer) if config.data.tokenizer else run.tokenizer
+    tokenizer = Tokenizer.load(source)
+    # A checkpoint from before digests were recorded trusts the tokenizer beside it.
+    expected = ckpt.get("tokenizer_digest") or Tokenizer.load(run.tokenizer).digest()
+    if tokenizer.digest() != expected:
+        named = "data.tokenizer " if config.data.tokenizer else ""
+        raise CheckpointError(f"{path}: was trained with another tokenizer than {named}{source}")
+    return tokenizer
+
+
+def load_weights(model: Transformer, ckpt: dict[str, Any], path: Path, key: str = "model") -> None:
+    """`ckpt[key]` into `model`; weights of other shapes are a one-line CheckpointError."""
+    try:
+        model.load_state_dict(ckpt[key])
+    except (KeyError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0]
+        raise CheckpointError(f"{path}: weights do not fit the model ({first[:120]})") from None
 
 
 def build_model(config: Config, tokenizer: Tokenizer) -> Transformer:
@@ -118,9 +169,5 @@ def load_for_inference(
     if ckpt.get("tokenizer_digest") not in (None, tokenizer.digest()):
         raise CheckpointError(f"{path}: was trained with another tokenizer than {run.tokenizer}")
     model = build_model(config, tokenizer)
-    try:
-        model.load_state_dict(ckpt["model"])
-    except (KeyError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0]
-        raise CheckpointError(f"{path}: weights do not fit the model ({first[:120]})") from None
+    load_weights(model, ckpt, path)
     return model.to(device).eval(), tokenizer, config

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from cli.device import pick_device
+from data.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,11 @@ def init(device_name: str, timeout: float = 7200.0) -> tuple[Dist, torch.device]
     )
     device = pick_device(device_name)
     if device.type == "cuda":
+        if d.local_rank >= torch.cuda.device_count():  # each process takes its own GPU
+            raise InputError(
+                f"LOCAL_RANK {d.local_rank}: this machine has {torch.cuda.device_count()} CUDA "
+                "device(s); start at most that many processes on it (torchrun --nproc-per-node)"
+            )
         device = torch.device("cuda", d.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():

@@ -16,11 +16,14 @@ import math
 import random
 import re
 import shutil
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from tqdm import tqdm
 
 from cli.config import Config, config_diff, load_config, save_config
 from cli.files import atomic_output, check_output
@@ -52,6 +55,10 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def data_report(self) -> Path:
+        return self.path / "data.json"  # per training corpus: read, removed by rule, kept
 
     def step_checkpoints(self) -> list[Path]:
         """`step_N.pt` files, oldest first."""
@@ -99,6 +106,9 @@ FIXED_ON_RESUME = (
     "data.character_coverage",
     "data.tokenizer",
     "data.max_len",  # and data.max_len_ratio: the filters decide which pairs the batches hold
+    "data.clean",
+    "data.dev",  # and data.test: cleaning drops the training pairs found in them
+    "data.test",
     "train.max_tokens",
     "train.max_sentences",
     "train.seed",
@@ -155,8 +165,9 @@ def tokenizer_settings(config: Config, corpus) -> dict[str, Any]:
         "vocab_size": d.vocab_size,
         "joint_vocab": d.joint_vocab,
         "character_coverage": d.character_coverage,
-        "corpus": d.train,
+        "corpus": d.train if isinstance(d.train, str) else [asdict(c) for c in d.corpora()],
         "corpus_fingerprint": corpus._fingerprint,  # the corpus's content, through `datasets`
+        **({"tags": d.tags()} if d.tags() else {}),  # (absent for untagged runs, as before tags)
     }
 
 
@@ -218,18 +229,41 @@ def read_tokenizer_settings(directory: Path) -> dict[str, Any] | None:
         return None
 
 
+TOKENIZER_PAIRS = 1_000_000  # SentencePiece samples 2M sentences of them (both sides, joint)
+
+
+def tokenizer_sample(n: int, seed: int) -> np.ndarray | None:
+    """The rows the tokenizer reads: all of a corpus up to TOKENIZER_PAIRS, else a seeded
+    sample of that many in corpus order, so that its time and memory stay bounded."""
+    if n <= TOKENIZER_PAIRS:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(n, TOKENIZER_PAIRS, replace=False))
+
+
+def sentences(corpus, side: str, rows: np.ndarray | None, stage: str) -> Iterator[str]:
+    """One side's sentences of `rows` (None: all), read in Arrow batches, with a bar."""
+    part = corpus.select_columns([side])
+    part = part if rows is None else part.select(rows)
+    with tqdm(total=len(part), desc=stage, unit=" lines", leave=False, disable=None) as bar:
+        for batch in part.iter(batch_size=10_000):
+            bar.update(len(batch[side]))
+            yield from batch[side]
+
+
 def train_tokenizer_for(config: Config, corpus, out_dir: Path) -> Tokenizer:
     """Train the tokenizer `config.data` asks for into `out_dir`, recording its settings."""
     d = config.data
+    rows = tokenizer_sample(len(corpus), config.train.seed)
     tokenizer = train_tokenizer(
-        corpus["src"],
-        corpus["tgt"],
+        sentences(corpus, "src", rows, "tokenizer: reading sources"),
+        sentences(corpus, "tgt", rows, "tokenizer: reading targets"),
         out_dir,
         vocab_size=d.vocab_size,
         model_type=d.tokenizer_type,
         joint=d.joint_vocab,
         character_coverage=d.character_coverage,
         seed=config.train.seed,
+        tags=d.tags(),
     )
     with atomic_output(out_dir / TOKENIZER_SETTINGS) as f:
         json.dump(tokenizer_settings(config, corpus), f, indent=1)

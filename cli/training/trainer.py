@@ -15,7 +15,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -26,21 +26,24 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from cli.config import Config
-from cli.device import autocast_dtype, configure_device
+from cli.device import autocast_dtype, configure_device, make_deterministic
 from cli.inference.decoding import translate_ids
 from cli.inference.scoring import score
 from cli.training import distributed
 from cli.training.checkpoint import (
     FORMAT,
+    CheckpointError,
     build_model,
     load_checkpoint,
+    load_weights,
     resolve_checkpoint,
     save_copies,
 )
-from cli.training.data import prepare_data
+from cli.training.data import joined, load_training_corpora, prepare_data
 from cli.training.ema import WeightAverage
 from cli.training.optim import apply_settings, budget_used, build_optimizer
-from cli.training.prefetch import training_batches
+from cli.training.prefetch import Fetched, Prefetcher, training_batches
+from cli.training.preflight import check_settings
 from cli.training.run import (
     RunDir,
     TrainingError,
@@ -51,7 +54,6 @@ from cli.training.run import (
     truncate_metrics,
 )
 from data.batching import Batch
-from data.corpus import load_corpus
 from model.loss import label_smoothed_cross_entropy
 
 log = logging.getLogger(__name__)
@@ -89,18 +91,18 @@ class Trainer:
         self.run = run
         self.dist, self.device = dd, device
         t = config.train
+        check_settings(config, device)  # before the tokenizer and the data, not at step 500
         configure_device(device)
         if t.deterministic:
-            torch.use_deterministic_algorithms(True)
+            make_deterministic(device)
         seed_everything(t.seed)
         with distributed.main_first(dd):  # one rank trains the tokenizer and fills the caches
-            d = config.data
-            train_corpus = load_corpus(d.train, d.src_lang, d.tgt_lang)
-            self.tokenizer = prepare_tokenizer(config, run, train_corpus, resume)
-            self.data = prepare_data(config, self.tokenizer, train_corpus, dd)
+            corpora = load_training_corpora(config)
+            self.tokenizer = prepare_tokenizer(config, run, joined(corpora), resume)
+            self.data = prepare_data(config, self.tokenizer, corpora, dd)
         self.model = build_model(config, self.tokenizer).to(self.device)
         if t.init and not resume:  # fine-tuning: start from that checkpoint's weights
-            self.model.load_state_dict(load_checkpoint(resolve_checkpoint(t.init)[0])["model"])
+            self.load_init_weights(t.init)
         # The weights of record: validated, saved as "model", translated.
         self.average = WeightAverage(self.model, t.ema_decay) if t.ema_decay else None
         # Read by the budget schedules; `clock` is the main rank's elapsed time (see update).
@@ -110,23 +112,51 @@ class Trainer:
         )
         self.dtype = autocast_dtype(t.precision, self.device)
         self.scaler = torch.amp.GradScaler(enabled=self.dtype == torch.float16)
-        if resume:
-            self.restore(run.checkpoints / "last.pt")
-        else:
-            self.start_batches()
-        # Dropout differs between ranks; the initial weights do not (DDP broadcasts rank 0's).
-        if not resume:
-            torch.manual_seed(t.seed + self.dist.rank)
-        self.net: torch.nn.Module = self.model
+        self.batch_stream: Prefetcher | Generator[Fetched, None, None] | None = None
+        try:
+            if resume:
+                self.restore(run.checkpoints / "last.pt")
+            else:
+                self.start_batches()
+                # Dropout differs between ranks; the initial weights do not (DDP broadcasts
+                # rank 0's).
+                torch.manual_seed(t.seed + self.dist.rank)
+            self.net = self.training_module()
+        except BaseException:
+            self.close()  # a prefetching thread started above
+            raise
+        self.stop_requested = False
+
+    def load_init_weights(self, init: str) -> None:
+        """Fine-tuning: the weights of checkpoint `init`, whose embeddings must belong to this
+        run's tokenizer (`with_init` chose it; this is where weights and vocabulary meet)."""
+        path = resolve_checkpoint(init)[0]
+        ckpt = load_checkpoint(path)
+        if ckpt.get("tokenizer_digest") not in (None, self.tokenizer.digest()):
+            raise CheckpointError(
+                f"{path}: was trained with another tokenizer than {self.run.tokenizer}"
+            )
+        load_weights(self.model, ckpt, path)
+
+    def training_module(self) -> torch.nn.Module:
+        """What the updates run: the model, under DDP when distributed, compiled if asked."""
+        net: torch.nn.Module = self.model
         if self.dist.active:
             # The only buffers are the constant positional tables: nothing to broadcast each step.
             # Gradients as views of DDP's buckets save a gradient-sized copy.
-            self.net = DistributedDataParallel(
+            net = DistributedDataParallel(
                 self.model, broadcast_buffers=False, gradient_as_bucket_view=True
             )
-        if t.compile:
-            self.net = torch.compile(self.net)
-        self.stop_requested = False
+        if self.config.train.compile:
+            net = torch.compile(net)
+        return net
+
+    def close(self) -> None:
+        """Stop the batch stream: on a GPU its thread, which holds the training iterator (its
+        Arrow tables) and pinned batches, would otherwise outlive the trainer."""
+        if self.batch_stream is not None:
+            self.batch_stream.close()
+            self.batch_stream = None
 
     # -- checkpoints
 
@@ -240,6 +270,7 @@ class Trainer:
         # Where the batches consumed so far leave the iterator (a prefetching thread runs ahead).
         self.iterator_state = it.state_dict()
         self.epochs = it.epoch + it.position / len(it)
+        self.close()  # a stream started before (a restore after start) stops first
         self.batch_stream = training_batches(it, prefetch=self.device.type == "cuda")
 
     def next_batches(self) -> list[Batch]:
@@ -253,38 +284,85 @@ class Trainer:
         return batches
 
     def update(self, batches: list[Batch], stop: bool = False) -> dict[str, Any]:
-        """One optimiser update over `batches`; out of memory, the same update again over each
+        """One optimiser update over `batches` (gradients summed).
+
+        Out of memory in a forward or backward pass, the gradients are computed again over each
         batch cut in halves (the loss is a sum over a constant divisor, so the update is the
-        same), until it fits or a batch is one sentence. Under DDP a rank cannot redo its
-        part of a collective alone: there the error stops the run, from its last checkpoint."""
+        same), until they fit or a batch is one sentence. Under DDP a rank cannot redo its part
+        of a collective alone: there the error stops the run, from its last checkpoint.
+
+        What follows the backward passes (GradScaler's unscale_, the norm, Adam's step, which
+        allocates its two moments on the first update) needs memory for the weights, not for
+        the batch: out of memory there is an error, never a retry, which would also unscale the
+        optimiser's gradients a second time.
+
+        Returns:
+            what `optimizer_step` returns.
+        """
         while True:
             try:
-                return self.update_once(batches, stop)
+                sums = self.accumulate_gradients(batches)
+                break
             except torch.OutOfMemoryError:
-                self.optimizer.zero_grad(set_to_none=True)  # a half-done backward's gradients
-                if self.dist.active:
-                    raise TrainingError(
-                        f"step {self.progress.step + 1}: out of memory under torchrun; resume "
-                        "with a lower train.max_tokens (and a higher train.update_freq)"
-                    ) from None
-                if all(b.src.size(0) == 1 for b in batches):
-                    raise TrainingError(
-                        f"step {self.progress.step + 1}: out of memory on a single sentence; "
-                        "lower data.max_len"
-                    ) from None
-                batches = [half for b in batches for half in b.halves() if half.src.size(0)]
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                self.progress.oom_splits += 1
-                log.warning(
-                    "step %d: out of memory; retrying as %d smaller batches (%d splits so far)",
-                    self.progress.step + 1,
-                    len(batches),
-                    self.progress.oom_splits,
-                )
+                batches = self.halve_after_out_of_memory(batches)
+        try:
+            return self.optimizer_step(batches, sums, stop)
+        except torch.OutOfMemoryError:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingError(
+                f"step {self.progress.step + 1}: out of memory in the optimiser step (the "
+                "weights, their gradients and Adam's two moments), which smaller batches do not "
+                "shrink; train a smaller model or on a device with more free memory"
+            ) from None
 
-    def update_once(self, batches: list[Batch], stop: bool = False) -> dict[str, Any]:
-        """One optimiser update over `batches` (gradients summed).
+    def halve_after_out_of_memory(self, batches: list[Batch]) -> list[Batch]:
+        """The batches of an update that ran out of memory in a forward or backward pass, each
+        cut in halves; an error where that cannot help."""
+        self.optimizer.zero_grad(set_to_none=True)  # a half-done backward's gradients
+        if self.dist.active:
+            raise TrainingError(
+                f"step {self.progress.step + 1}: out of memory under torchrun; resume "
+                "with a lower train.max_tokens (and a higher train.update_freq)"
+            ) from None
+        if all(b.src.size(0) == 1 for b in batches):
+            raise TrainingError(
+                f"step {self.progress.step + 1}: out of memory on a single sentence; "
+                "lower data.max_len"
+            ) from None
+        batches = [half for b in batches for half in b.halves() if half.src.size(0)]
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.progress.oom_splits += 1
+        log.warning(
+            "step %d: out of memory; retrying as %d smaller batches (%d splits so far)",
+            self.progress.step + 1,
+            len(batches),
+            self.progress.oom_splits,
+        )
+        return batches
+
+    @property
+    def loss_divisor(self) -> int:
+        """Backward runs on loss / (a constant, the same on every rank), which keeps fp16
+        gradients in range; `optimizer_step` applies the exact per-token mean once the token
+        count of all ranks is known."""
+        return self.config.train.max_tokens * self.config.train.update_freq
+
+    def accumulate_gradients(self, batches: list[Batch]) -> Tensor:
+        """Forward and backward passes over `batches`, gradients summed (all-reduced under DDP
+        on the last one); returns the summed smoothed loss and NLL, on the device. Shape: (2,)."""
+        sums = torch.zeros(2, device=self.device)
+        self.net.train()
+        for i, batch in enumerate(batches):
+            sync = i == len(batches) - 1  # all-reduce only on the last micro-batch
+            with nullcontext() if sync or not self.dist.active else self.net.no_sync():
+                loss, nll = self.loss_of(batch)
+                self.scaler.scale(loss / self.loss_divisor).backward()
+            sums += torch.stack([loss.detach(), nll.detach()])
+        return sums
+
+    def optimizer_step(self, batches: list[Batch], sums: Tensor, stop: bool) -> dict[str, Any]:
+        """The optimiser step over the gradients of `batches`, whose summed losses are `sums`.
 
         The loss is the mean over the real target tokens of all the batches on all ranks. The
         token count, the losses, the gradient norm and `stop` (this rank wants to stop) travel
@@ -297,18 +375,6 @@ class Trainer:
             past the loss scale: routine, GradScaler's own remedy) or "non-finite".
         """
         t = self.config.train
-        # Backward runs on loss / (a constant, the same on every rank), which keeps fp16
-        # gradients in range; the exact per-token mean is applied below, once the token count
-        # of all ranks is known.
-        divisor = t.max_tokens * t.update_freq
-        sums = torch.zeros(2, device=self.device)  # smoothed loss, NLL: summed on the device
-        self.net.train()
-        for i, batch in enumerate(batches):
-            sync = i == len(batches) - 1  # all-reduce only on the last micro-batch
-            with nullcontext() if sync or not self.dist.active else self.net.no_sync():
-                loss, nll = self.loss_of(batch)
-                self.scaler.scale(loss / divisor).backward()
-            sums += torch.stack([loss.detach(), nll.detach()])
         # The main rank's clock goes along (others add 0): every rank, one time-budgeted lr.
         clock = self.progress.elapsed if self.dist.main else 0.0
         counts = [sum(b.n_tgt_tokens for b in batches), float(stop), clock]
@@ -321,7 +387,7 @@ class Trainer:
         ).tolist()
         # DDP averaged the ranks' gradients of loss / divisor: this makes them the gradient of
         # the summed loss over the summed tokens.
-        scale = self.dist.world_size * divisor / tokens
+        scale = self.dist.world_size * self.loss_divisor / tokens
         grad_norm = raw_norm * scale
         if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
             # A NaN gradient with a finite loss would turn every weight into NaN through

@@ -1,0 +1,157 @@
+"""A `tf` SentencePiece model as a Hugging Face fast tokenizer (`tokenizer.json`) that encodes
+exactly as `Tokenizer.encode_src` does and appends nothing.
+
+MarianTokenizer appends an EOS to every source, with no way to turn that off, and our models
+take sources without one: a model given the extra token translates differently (on `small`,
+85 of 100 test lines). A fast tokenizer built from the same SentencePiece model, with no
+post-processor, gives the model exactly what `tf` gives it, so `AutoTokenizer` and `generate`
+need no extra lines. Built with `tokenizers` itself, following the model's own settings, as
+SentencePiece encodes:
+
+- normalizer: the model's precompiled character map (nmt_nfkc), then its whitespace rules:
+  leading, trailing and repeated spaces removed, spaces escaped as "▁", the "▁" dummy prefix;
+- pre-tokenizer: the dummy prefix, and the user-defined pieces (a corpus's tags, "<bt>")
+  isolated, which SentencePiece always emits whole;
+- model: BPE with every split of each piece ranked by that piece's score (SentencePiece merges
+  the adjacent pair whose union scores best), or Unigram with the pieces' scores, where the
+  special, unknown and byte pieces are never chosen while characters can spell the text
+  (SentencePiece never matches them: "<s>" typed in a sentence is three characters, or unknown
+  ones; only there, with unigram models, does this tokenizer differ);
+- decoder: the unknown piece as SentencePiece writes it (" ⁇ "), byte pieces back to bytes,
+  every "▁" before the first character dropped (the dummy prefix, and any whitespace pieces a
+  model put first), the others back to spaces. The unknown piece is therefore not a special
+  token here: `skip_special_tokens` would drop what tf writes.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from data.errors import InputError
+from data.tokenizer import Tokenizer
+
+NORMAL, USER_DEFINED = 1, 4  # SentencePiece piece types (the others: unknown, control, byte...)
+UNIGRAM, BPE = 1, 2  # SentencePiece model types
+NEVER = -1e9  # a Unigram score no segmentation takes while characters can spell the text
+
+
+def read_model_proto(path: Path):
+    """The SentencePiece ModelProto of `path` (its pieces, trainer and normalizer specs)."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2
+    except ImportError:  # the generated module needs protobuf
+        raise InputError("--to huggingface needs protobuf: pip install 'tf[export]'") from None
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(path.read_bytes())
+    return proto
+
+
+def fast_tokenizer(path: Path):
+    """A `tokenizers.Tokenizer` that encodes and decodes as the SentencePiece model `path`."""
+    from tokenizers import Tokenizer as Fast
+    from tokenizers import decoders
+    from tokenizers.models import BPE as BPEModel
+    from tokenizers.models import Unigram
+
+    proto = read_model_proto(path)
+    trainer, pieces = proto.trainer_spec, list(proto.pieces)
+    user_defined = [p.piece for p in pieces if p.type == USER_DEFINED]
+    byte_fallback = trainer.byte_fallback
+    if trainer.model_type == BPE:
+        vocab = {p.piece: i for i, p in enumerate(pieces)}
+        model = BPEModel(
+            vocab=vocab,
+            merges=bpe_merges(pieces),
+            unk_token=pieces[trainer.unk_id].piece,
+            fuse_unk=True,
+            byte_fallback=byte_fallback,
+            ignore_merges=bool(user_defined),  # an isolated user-defined piece stays whole
+        )
+    elif trainer.model_type == UNIGRAM:
+        matched = (NORMAL, USER_DEFINED)
+        vocab = [(p.piece, p.score if p.type in matched else NEVER) for p in pieces]
+        model = Unigram(vocab, unk_id=trainer.unk_id, byte_fallback=byte_fallback)
+    else:
+        raise InputError(f"{path}: only BPE and unigram SentencePiece models can be exported")
+    fast = Fast(model)
+    fast.normalizer = normalizer(proto.normalizer_spec)
+    fast.pre_tokenizer = pre_tokenizer(proto.normalizer_spec, user_defined)
+    spec = proto.normalizer_spec
+    steps = [decoders.Replace(pieces[trainer.unk_id].piece, trainer.unk_surface)]
+    steps += [decoders.ByteFallback()] if byte_fallback else []
+    steps.append(decoders.Fuse())  # one string: leading "▁" may span several pieces
+    if spec.add_dummy_prefix or spec.remove_extra_whitespaces:  # as SentencePiece decodes
+        steps.append(decoders.Strip(content="▁", left=1 << 30, right=0))
+    steps.append(decoders.Replace("▁", " "))
+    fast.decoder = decoders.Sequence(steps)
+    return fast
+
+
+def bpe_merges(pieces) -> list[tuple[str, str]]:
+    """Every (left, right) split of a normal piece into two normal pieces, best piece first
+    (score, then id): merging by these ranks merges as SentencePiece's BPE does."""
+    normal = {p.piece: (p.score, i) for i, p in enumerate(pieces) if p.type == NORMAL}
+    ranked = []
+    for piece, (score, i) in normal.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in normal and right in normal:
+                ranked.append((-score, i, left, right))
+    return [(left, right) for _, _, left, right in sorted(ranked)]
+
+
+def pre_tokenizer(spec, user_defined: list[str]):
+    """The dummy prefix, then each user-defined piece cut out whole (longest first)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    steps = []
+    if spec.add_dummy_prefix:
+        steps.append(
+            pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=False)
+        )
+    if user_defined:
+        pattern = "|".join(re.escape(p) for p in sorted(user_defined, key=len, reverse=True))
+        steps.append(pre_tokenizers.Split(Regex(pattern), behavior="isolated"))
+    return pre_tokenizers.Sequence(steps)
+
+
+def normalizer(spec):
+    """SentencePiece's normalisation, in its order: character map, then whitespace."""
+    from tokenizers import Regex, normalizers
+
+    steps = []
+    if spec.precompiled_charsmap:
+        steps.append(normalizers.Precompiled(spec.precompiled_charsmap))
+    if spec.remove_extra_whitespaces:  # spaces only: SentencePiece leaves tabs and the rest
+        steps += [
+            normalizers.Replace(Regex(r"\A +| +\z"), ""),
+            normalizers.Replace(Regex(" {2,}"), " "),
+        ]
+    if spec.escape_whitespaces:
+        steps.append(normalizers.Replace(" ", "▁"))
+    if spec.add_dummy_prefix:
+        # SentencePiece always adds the prefix; Metaspace skips it before a leading "▁".
+        steps.append(normalizers.Replace(Regex(r"\A▁"), "▁▁"))
+    return normalizers.Sequence(steps)
+
+
+def write_tokenizer(tokenizer: Tokenizer, out: Path, max_positions: int) -> None:
+    """tokenizer.json and tokenizer_config.json: what `AutoTokenizer.from_pretrained` loads."""
+    from transformers import PreTrainedTokenizerFast
+
+    if not tokenizer.joint:
+        raise InputError("Marian takes one vocabulary: export needs a joint tokenizer")
+    (path,) = tokenizer.model_paths()
+    pieces = tokenizer.src_vocabulary()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=fast_tokenizer(path),
+        pad_token=pieces[tokenizer.pad_id],
+        bos_token=pieces[tokenizer.bos_id],
+        eos_token=pieces[tokenizer.eos_id],
+        model_max_length=max_positions,  # the longest source the model takes
+        padding_side="right",
+        clean_up_tokenization_spaces=False,  # "end ." stays as SentencePiece decodes it
+        split_special_tokens=True,  # "<s>" typed in a sentence is text, as in SentencePiece
+    )
+    fast.save_pretrained(out)

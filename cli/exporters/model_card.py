@@ -1,0 +1,148 @@
+"""The model card (README.md) of a Hugging Face export: what the Hub shows and a reader needs.
+
+Languages, training data, the model's shape, how it was trained, its test scores with their
+sacrebleu signatures, and how to load it. The scores are those of RUN/eval.json (`make eval`,
+or `tf eval RUN --json > RUN/eval.json`) when that file scored the exported checkpoint (`tf
+eval RUN` decodes RUN's best.pt, else last.pt) after it was written; export computes none of
+its own (decoding the test set would make every export minutes long), and says how to get them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cli.config import Config
+from cli.training.checkpoint import CheckpointError, resolve_checkpoint
+from data.tokenizer import Tokenizer
+from model.transformer import Transformer
+
+
+def run_scores(run: str) -> dict[str, Any] | None:
+    """RUN/eval.json if it scored the checkpoint that `run` names, else None."""
+    checkpoint, run_dir = resolve_checkpoint(run)
+    scores = run_dir.path / "eval.json"
+    if not scores.is_file():
+        return None
+    try:
+        evaluated, _ = resolve_checkpoint(run_dir.path)  # what `tf eval RUN` decoded
+    except CheckpointError:
+        return None
+    fresh = scores.stat().st_mtime >= checkpoint.stat().st_mtime
+    if evaluated.resolve() != checkpoint.resolve() or not fresh:
+        return None
+    try:
+        found = json.loads(scores.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) and "bleu" in found else None
+
+
+def model_card(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    config: Config,
+    step: int | None,
+    scores: dict[str, Any] | None,
+) -> str:
+    """README.md for the exported directory: Hub metadata, then the card itself."""
+    d = config.data
+    metadata = [
+        "---",
+        f"language:\n- {d.src_lang}\n- {d.tgt_lang}",
+        "library_name: transformers",
+        "pipeline_tag: translation",
+        "tags:\n- translation\n- marian\n- tf",
+        "---",
+    ]
+    sections = [
+        "\n".join(metadata),
+        f"# {d.src_lang}→{d.tgt_lang} translation: a Transformer trained with `tf`",
+        f"A Post-LN Transformer encoder-decoder ({model.num_parameters():,} parameters) "
+        "trained from scratch with `tf`, exported as a `MarianMTModel` with a fast tokenizer: "
+        "it loads and runs as any Hugging Face translation model does.",
+        "## How to use\n\n" + usage(d.src_lang),
+        "## Data\n\n" + data_section(config),
+        "## Model and training\n\n" + shape_section(model, tokenizer, config, step),
+        "## Evaluation\n\n" + scores_section(scores),
+    ]
+    return "\n\n".join(sections) + "\n"
+
+
+def usage(src_lang: str) -> str:
+    example = "Y dijo Dios: Sea la luz." if src_lang == "es" else "..."
+    return (
+        "```python\n"
+        "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer\n\n"
+        'tokenizer = AutoTokenizer.from_pretrained("THIS_DIRECTORY")\n'
+        'model = AutoModelForSeq2SeqLM.from_pretrained("THIS_DIRECTORY")\n'
+        f'batch = tokenizer(["{example}"], return_tensors="pt", padding=True)\n'
+        "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))\n"
+        "```\n\n"
+        "`generate` without arguments is `tf translate --greedy`, token for token: one beam, "
+        "and `tf`'s length limit (one number for all sentences here, `a * len(src) + b` per "
+        "sentence in `tf`: the two differ only for a sentence that `tf` cuts at its limit). "
+        "`num_beams=5` runs the beam search of `transformers`, whose length penalty divides by "
+        "`len ** alpha` where `tf`'s divides by GNMT's `((5 + len) / 6) ** alpha`. The tokenizer "
+        "adds no token to a sentence: the model was trained on sources without an EOS."
+    )
+
+
+def data_section(config: Config) -> str:
+    d = config.data
+    corpora = d.train if isinstance(d.train, str) else d.corpora()
+    if isinstance(corpora, str):
+        train = f"`{corpora}`"
+    else:
+        train = ", ".join(
+            f"`{x.corpus}` (weight {x.weight:g}{f', tag {x.tag}' if x.tag else ''})"
+            for x in corpora
+        )
+    return (
+        f"- training: {train}\n- development: `{d.dev}`\n- test: `{d.test}`\n\n"
+        "Corpus specs as `tf` reads them: `bundled:NAME/SPLIT` is a corpus shipped with `tf`, "
+        "`hf:NAME` a Hugging Face dataset, anything else local files."
+    )
+
+
+def shape_section(
+    model: Transformer, tokenizer: Tokenizer, config: Config, step: int | None
+) -> str:
+    c, d, t = model.config, config.data, config.train
+    layers = f"{c.n_encoder_layers} encoder and {c.n_decoder_layers} decoder layers"
+    rows = [
+        ("architecture", f"Post-LN Transformer, {layers}"),
+        ("width", f"d_model {c.d_model}, {c.n_heads} heads, feed-forward {c.d_ff}"),
+        (
+            "vocabulary",
+            f"{tokenizer.src_vocab_size} SentencePiece {d.tokenizer_type} pieces, joint",
+        ),
+        ("embeddings", f"tied: {c.tie_embeddings}; sinusoidal positions up to {c.max_positions}"),
+        (
+            "training",
+            f"{step if step is not None else '?'} updates of {t.max_tokens} tokens "
+            f"x {t.update_freq}, lr {t.lr:g} ({t.schedule}), label smoothing {t.label_smoothing:g}",
+        ),
+    ]
+    return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
+
+def scores_section(scores: dict[str, Any] | None) -> str:
+    if scores is None:
+        return (
+            "Not evaluated at export. `tf eval RUN --src TEST.SRC --ref TEST.TGT --json > "
+            "RUN/eval.json` (or `make eval`) before `tf export` puts the scores here."
+        )
+    decoding = scores.get("decoding") or {}
+    how = (
+        f"`tf` beam search, beam {decoding.get('beam_size')}, GNMT length penalty "
+        f"{decoding.get('length_penalty')}"
+        if decoding.get("beam_size", 1) > 1
+        else "`tf` greedy search (this export's default)"
+    )
+    return (
+        f"On {scores.get('sentences', '?')} test sentences ({how}), detokenised output:\n\n"
+        f"| metric | score | sacrebleu signature |\n|---|---|---|\n"
+        f"| BLEU | {scores['bleu']:.2f} | `{scores.get('bleu_signature', '')}` |\n"
+        f"| chrF | {scores['chrf']:.2f} | `{scores.get('chrf_signature', '')}` |"
+    )

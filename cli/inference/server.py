@@ -1,0 +1,259 @@
+"""The HTTP application of `tf serve`: Starlette routes and checks the requests, the batcher
+translates those of concurrent clients together.
+
+    POST /translate  {"text": ["...", ...], "beam": 5}  ->  {"translations": ["...", ...]}
+    GET  /health     what is served: model, engine, languages, default beam; 503 if it is down
+    GET  /           a page where a person types a sentence and reads its translation
+
+A client's mistake gets a 4xx and a one-line JSON error (`{"error": "..."}`), never a 500 or a
+traceback; a full queue is a 503 with `Retry-After`, at once; a request waits at most
+`Limits.timeout` seconds (504), and one whose client left is dropped before it is searched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from cli.config import DecodeConfig
+from cli.inference.batcher import Batcher, QueueFull
+from cli.inference.engines import Engine
+from data.errors import InputError
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 1 << 20  # bytes of one request
+MAX_BEAM = 32
+RETRY_AFTER = "1"  # seconds a client refused for a full queue is asked to wait
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.headers = status, headers
+
+
+@dataclass
+class Limits:
+    max_lines: int = 256  # sentences in one request
+    max_wait: float = 0.005  # seconds the batcher waits for other requests to join a batch
+    max_queue: int = 1 << 16  # source tokens x beam waiting for the batcher
+    timeout: float = 60.0  # seconds a request may take, queue and search included
+
+
+def beam_problem(beam: object) -> str | None:
+    """What is wrong with a beam, for a request's "beam" and the server's own default alike."""
+    if isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM:
+        return f"a whole number from 1 to {MAX_BEAM}, got {beam!r}"
+    return None
+
+
+def check_engine(engine: Engine) -> None:
+    """The server's default decode settings, under the limits a request's would meet: a
+    default no request could ask for is refused at start, not blamed on every client."""
+    problem = beam_problem(engine.config.decode.beam_size)
+    if problem:
+        raise InputError(f"the server's beam (--beam, decode.beam_size) must be {problem}")
+
+
+def parse_request(body: bytes, engine: Engine, limits: Limits) -> tuple[list[str], DecodeConfig]:
+    """The lines and decode settings a POST /translate body asks for, or a RequestError."""
+    try:
+        request = json.loads(body)
+    except RecursionError:
+        raise RequestError(400, "the body is not JSON (nested too deeply)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(400, f"the body is not JSON ({e})") from None
+    except ValueError:  # Python reads no integer of over 4,300 digits
+        raise RequestError(400, "the body holds a number too long to read") from None
+    if not isinstance(request, dict) or "text" not in request:
+        raise RequestError(400, 'expected a JSON object with "text": a list of sentences')
+    unknown = sorted(set(request) - {"text", "beam"})
+    if unknown:
+        raise RequestError(400, f'unknown field(s) {unknown}: only "text" and "beam"')
+    beam = request.get("beam", engine.config.decode.beam_size)
+    lines = parse_text(request["text"], limits)
+    problem = beam_problem(beam)
+    if problem:
+        raise RequestError(400, f'"beam" must be {problem}')
+    return lines, replace(engine.config.decode, beam_size=beam, nbest=1)
+
+
+def parse_text(text: object, limits: Limits) -> list[str]:
+    """The sentences of "text", one line each, or a RequestError naming the bad item."""
+    if not isinstance(text, list):
+        raise RequestError(400, f'"text" must be a list of sentences, got {type(text).__name__}')
+    if len(text) > limits.max_lines:
+        raise RequestError(413, f"{len(text)} sentences; at most {limits.max_lines} a request")
+    for i, line in enumerate(text):
+        if not isinstance(line, str):
+            raise RequestError(400, f"text[{i}] must be a string, got {type(line).__name__}")
+        try:  # JSON's "\ud800" escapes decode to lone surrogates, which no tokenizer takes
+            line.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise RequestError(400, f"text[{i}]: a lone surrogate at character {e.start}") from None
+    # One sentence per item: a line break inside one is a space, as in `tf distill`.
+    return [" ".join(line.split()) for line in text]
+
+
+def encode_within_limit(engine: Engine, lines: list[str]) -> list[list[int]]:
+    """Source ids of `lines`; a sentence longer than the model takes is a 400, not truncated."""
+    ids = engine.tokenizer.encode_src(lines)
+    limit = engine.config.model.max_positions
+    for i, seq in enumerate(ids):
+        if len(seq) > limit:
+            raise RequestError(400, f"text[{i}]: {len(seq)} pieces, over the model's {limit}")
+    return ids
+
+
+def check_json_body(request) -> None:
+    """Only JSON is read: a web page can post a form or text/plain to a server on localhost
+    without asking, but a JSON post from another origin needs CORS consent, never given."""
+    kind = request.headers.get("content-type", "")
+    if kind.split(";")[0].strip().lower() != "application/json":
+        raise RequestError(415, f"send JSON with Content-Type: application/json, not {kind!r}")
+
+
+async def read_body(request) -> bytes:
+    """The request body, refused (413) past MAX_BODY bytes without reading it all."""
+    declared = request.headers.get("content-length") or "0"
+    if not declared.isdigit():
+        raise RequestError(400, f"Content-Length {declared!r} is not a number of bytes")
+    if int(declared) > MAX_BODY:
+        raise RequestError(413, f"the body has {declared} bytes; at most {MAX_BODY}")
+    from starlette.requests import ClientDisconnect
+
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise RequestError(413, f"the body has over {MAX_BODY} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone before its body was read: a 499 nobody reads, no traceback
+        raise RequestError(499, "the client left before sending its whole body") from None
+    return b"".join(chunks)
+
+
+async def client_left(request) -> None:
+    """Returns when the client disconnects (the body is read: what comes now is the end)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0.05)  # not expected once the body is read; never spin on it
+
+
+async def answer(request, done: Future):
+    """The result of the batcher's `done`, unless the client leaves first (a 499 nobody reads)
+    or this task is cancelled (time limit, server shutdown): then the job is cancelled, which
+    drops it unless the batcher has taken it already."""
+    result = asyncio.wrap_future(done)
+    left = asyncio.ensure_future(client_left(request))
+    try:
+        await asyncio.wait({result, left}, return_when=asyncio.FIRST_COMPLETED)
+        if result.done():
+            return result.result()
+        raise RequestError(499, "the client left before its translation was done")
+    finally:
+        left.cancel()
+        done.cancel()  # False, and harmless, once the batcher has taken it
+        result.cancel()
+
+
+def shown_name(run: str) -> str:
+    """What /health calls the model: its name, never where it lies on this machine."""
+    path = Path(os.path.abspath(run))
+    if path.parent.name == "checkpoints":  # RUN/checkpoints/best.pt
+        return f"{path.parent.parent.name}/{path.name}"
+    return path.name
+
+
+def build_app(
+    engine: Engine, name: str, engine_kind: str, limits: Limits | None = None, page: str = ""
+):
+    """The Starlette application serving `engine` (`name`, a path, and `engine_kind` say what
+    it is; `page` is the HTML of /). Raises InputError for settings no request could use."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import HTMLResponse, JSONResponse
+    from starlette.routing import Route
+
+    limits = limits or Limits()
+    check_engine(engine)
+    batcher = Batcher(
+        engine.search, engine.config.decode.max_tokens, limits.max_wait, limits.max_queue
+    )
+    data = engine.config.data
+    about = {
+        "model": shown_name(name),
+        "engine": engine_kind,
+        "src_lang": data.src_lang,
+        "tgt_lang": data.tgt_lang,
+        "beam": engine.config.decode.beam_size,
+        "max_lines": limits.max_lines,
+        "max_queue": limits.max_queue,
+    }
+
+    async def health(request) -> JSONResponse:
+        alive = batcher.alive  # a dead batcher would leave every request waiting: say so
+        body = {"status": "ok" if alive else "down", **about, "queued": batcher.pending}
+        return JSONResponse(body, status_code=200 if alive else 503)
+
+    async def translate(request) -> JSONResponse:
+        try:
+            texts = await asyncio.wait_for(
+                translate_request(request, engine, batcher, limits), limits.timeout
+            )
+        except asyncio.TimeoutError:
+            raise RequestError(504, f"no translation within {limits.timeout:g} s") from None
+        return JSONResponse({"translations": texts})
+
+    app = Starlette(
+        routes=[
+            Route("/", lambda request: HTMLResponse(page)),
+            Route("/health", health),
+            Route("/translate", translate, methods=["POST"]),
+        ],
+        exception_handlers=error_handlers(JSONResponse, HTTPException),
+    )
+    app.state.batcher = batcher
+    return app
+
+
+async def translate_request(request, engine: Engine, batcher: Batcher, limits: Limits) -> list[str]:
+    """One POST /translate: checked, queued, awaited, decoded."""
+    check_json_body(request)
+    lines, decode = parse_request(await read_body(request), engine, limits)
+    if not lines:
+        return []
+    src_ids = encode_within_limit(engine, lines)
+    try:
+        done = batcher.submit(src_ids, decode)
+    except QueueFull as e:
+        raise RequestError(503, f"busy: {e}; try again", {"Retry-After": RETRY_AFTER}) from None
+    found = await answer(request, done)
+    return engine.tokenizer.decode_tgt([hyps[0].tokens for hyps in found])
+
+
+def error_handlers(JSONResponse, HTTPException) -> dict:
+    """Every failure as `{"error": "one line"}`: a client's with its 4xx, ours as a 500."""
+
+    def error(status: int, message: str, headers=None) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+    async def on_request_error(request, exc: RequestError) -> JSONResponse:
+        if exc.status == 504:  # a 503 is the queue working as meant: not logged each time
+            log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return error(exc.status, str(exc), exc.headers)
+
+    async def on_http_error(request, exc: HTTPException) -> JSONResponse:  # 404, 405
+        return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+    async def on_failure(request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return error(500, f"translation failed: {exc}".splitlines()[0])
+
+    return {RequestError: on_request_error, HTTPException: on_http_error, Exception: on_failure}
