@@ -54,10 +54,7 @@ def run_distill(teacher: str, out: Path, overrides: list[str], device_name: str)
     if src_path.is_file() and tgt_path.is_file():
         return already_distilled(out, tgt_path, made_by)
     out.mkdir(parents=True, exist_ok=True)
-    # One source sentence a line: a line break inside a hub dataset's sentence becomes a space.
-    sources = [
-        " ".join(s.splitlines()) for s in load_corpus(d.train, d.src_lang, d.tgt_lang)["src"]
-    ]
+    sources = training_sources(d)
     if not src_path.is_file():
         with atomic_output(src_path) as f:
             f.write("".join(s + "\n" for s in sources))
@@ -75,7 +72,8 @@ def run_distill(teacher: str, out: Path, overrides: list[str], device_name: str)
         os.fsync(f.fileno())
     bar.close()
     with atomic_output(out / "distill.json") as f:
-        json.dump({**made_by, "corpus": d.train, "pairs": len(sources)}, f, indent=1)
+        corpora = [c.corpus for c in d.corpora()]
+        json.dump({**made_by, "corpus": corpora, "pairs": len(sources)}, f, indent=1)
     os.replace(partial, tgt_path)
     record_path(partial).unlink(missing_ok=True)
     return f"{out}: {len(sources)} pairs distilled by {teacher}"
@@ -183,3 +181,15 @@ def complete_lines(path: Path) -> int:
         with open(path, "r+b") as f:
             f.truncate(len(whole))
     return whole.count(b"\n")
+
+
+def training_sources(d) -> list[str]:
+    """The teacher's training sources, corpus after corpus, each once; a tagged corpus's lines
+    start with its tag, as the teacher saw them. One sentence a line: a line break inside a hub
+    dataset's sentence becomes a space."""
+    sources = []
+    for c in d.corpora():
+        head = f"{c.tag} " if c.tag else ""
+        for text in load_corpus(c.corpus, d.src_lang, d.tgt_lang)["src"]:
+            sources.append(head + " ".join(text.splitlines()))
+    return sources
