@@ -14,7 +14,7 @@ TEACHER ?= runs/small
 STUDENT_CONFIG ?= configs/student.yaml
 STUDENT ?= $(TEACHER)-student
 
-.PHONY: install test lint demo tokenizer train translate eval distill bench clean
+.PHONY: install test lint demo tokenizer train translate eval distill backtranslate bench clean
 
 install: $(VENV)/.installed
 
@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,plot,export,serve]"
+	$(BIN)/pip install -q -e ".[test,plot,export,serve,tensorboard]"
 	touch $@
 
 test: install
@@ -63,6 +63,36 @@ distill: install
 		$(TF) train $(STUDENT_CONFIG) --out $(STUDENT) --set data.train=$(TEACHER)/distilled/train \
 			--set data.tokenizer=$(TEACHER)/tokenizer; fi
 	$(TF) compare $(TEACHER) $(STUDENT) --src $(SRC) --ref $(REF)
+
+# Back-translation (Sennrich et al. 2016): a reverse model (target to source language) trained
+# on PARALLEL translates MONO, text in the target language, by sampling (Edunov et al. 2018);
+# the forward model trains on PARALLEL plus those pairs, tagged (Caswell et al. 2019), and is
+# scored. By default the bundled pairs split by verse: half A's pairs, half B's English alone.
+# Each step is a plain `tf` command that resumes where a killed run stopped.
+BT ?= runs/bt
+BT_CONFIG ?= configs/demo.yaml
+PARALLEL ?= $(BT)/half-a
+MONO ?= $(BT)/half-b.en
+BT_SEARCH ?= --greedy --set decode.sampling_topk=10
+BT_TAG ?= <bt>
+BT_WEIGHT ?= 1
+SRC_LANG ?= es
+TGT_LANG ?= en
+
+BT_CORPORA = data.train=[{corpus: "$(PARALLEL)", weight: $(BT_WEIGHT)}, \
+	{corpus: "$(BT)/synthetic/train", tag: "$(BT_TAG)"}]
+
+$(BT)/half-b.en:
+	$(BIN)/python -m benchmarks.backtranslation split $(BT)
+
+backtranslate: install $(MONO)
+	if [ -f $(BT)/reverse/config.yaml ]; then $(TF) train --resume $(BT)/reverse; else \
+		$(TF) train $(BT_CONFIG) --out $(BT)/reverse --set data.train=$(PARALLEL) \
+			--set data.src_lang=$(TGT_LANG) --set data.tgt_lang=$(SRC_LANG); fi
+	$(TF) backtranslate $(BT)/reverse $(MONO) --out $(BT)/synthetic $(BT_SEARCH)
+	if [ -f $(BT)/forward/config.yaml ]; then $(TF) train --resume $(BT)/forward; else \
+		$(TF) train $(BT_CONFIG) --out $(BT)/forward --set '$(BT_CORPORA)'; fi
+	$(TF) eval $(BT)/forward --src $(SRC) --ref $(REF)
 
 # Every benchmark, its tables and bench-out/bench.json; it prints its estimated time first (about
 # half an hour on a 2-core CPU) and each section's time as it ends. QUICK=1: fewer batches and

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -116,6 +117,9 @@ class TrainConfig:
     patience: int = 0  # validations without improvement before stopping; 0 disables
     save_every: int = 1000
     keep_last: int = 5  # step_N.pt files kept
+    # metrics.jsonl's scalars also as TensorBoard event files in RUN/tensorboard (when the
+    # tensorboard package is installed: `make install` installs it).
+    tensorboard: bool = True
 
 
 @dataclass
@@ -138,6 +142,18 @@ class DecodeConfig:
     # fp16; CPUs with AVX512-BF16 or AMX), fp32 elsewhere. On the shared test set bf16 changed
     # BLEU by under 0.1 against fp32 (issue notes); fp32 gives the trained model's exact numbers.
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    # Random sampling instead of search (back-translation: Edunov et al. 2018 sample with top-k
+    # 10): 0 off, k draws from the k most probable tokens, -1 from all. beam_size samples are
+    # drawn per sentence and the nbest best-scoring returned (fairseq's rule): beam_size 1 for
+    # one plain sample. Reproducible: a sample depends on `seed` and its sentence only.
+    sampling_topk: int = 0
+    sampling_topp: float = 1.0  # then the most probable tokens whose mass reaches p (nucleus)
+    sampling_temperature: float = 1.0  # log-probabilities divided by it before drawing
+    seed: int = 0
+
+    @property
+    def sampling(self) -> bool:
+        return self.sampling_topk != 0
 
 
 @dataclass
@@ -369,7 +385,23 @@ def check_config(config: Config, source: str) -> Config:
         fail(f"train.device {t.device!r} is unknown (expected auto, cpu, cuda or cuda:N)")
     if dec.nbest > dec.beam_size:
         fail(f"decode.nbest {dec.nbest} needs decode.beam_size {dec.nbest} or more")
+    check_sampling(dec, fail)
     return config
+
+
+def check_sampling(dec: DecodeConfig, fail: Callable[[str], None]) -> None:
+    """The sampling settings: in range, and none given while sampling is off."""
+    if dec.sampling_topk < -1:
+        fail(f"decode.sampling_topk must be -1 (all), 0 (off) or above, got {dec.sampling_topk}")
+    if not 0 < dec.sampling_topp <= 1:
+        fail(f"decode.sampling_topp must be in (0, 1], got {dec.sampling_topp}")
+    if not 0 < dec.sampling_temperature <= 100:
+        fail(f"decode.sampling_temperature must be in (0, 100], got {dec.sampling_temperature}")
+    if not dec.sampling and (dec.sampling_topp != 1 or dec.sampling_temperature != 1):
+        fail(
+            "decode.sampling_topp and sampling_temperature shape random sampling, which is off "
+            "(decode.sampling_topk 0): set sampling_topk to k, or -1 for every token"
+        )
 
 
 def save_config(config: Config, path: Path) -> None:

@@ -41,6 +41,13 @@ Lenpen = Annotated[
     Optional[float],  # noqa: UP045
     typer.Option(help="GNMT length penalty alpha [decode.length_penalty].", show_default=False),
 ]
+InputFormat = Annotated[
+    str,
+    typer.Option(
+        help='text: one sentence a line; jsonl: {"text": ..., "prefix": ..., '
+        '"constraints": [...]} a line (the output starts with prefix, holds each constraint).'
+    ),
+]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")]
 Int8 = Annotated[
     bool, typer.Option("--int8", help="PyTorch model's linear layers in dynamic int8 (CPU).")
@@ -142,8 +149,13 @@ def train(
 @app.command()
 @user_errors
 def translate(
-    run: Annotated[
-        str, typer.Argument(help="Run directory, checkpoint file or exported CTranslate2 dir.")
+    runs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Run directory, checkpoint file or exported CTranslate2 dir; several runs "
+            "decode as an ensemble.",
+            show_default=False,
+        ),
     ],
     input: Annotated[
         Optional[Path],  # noqa: UP045
@@ -159,6 +171,7 @@ def translate(
     lenpen: Lenpen = None,
     set_: DecodeSet = None,
     scores: Annotated[bool, typer.Option(help="Print each hypothesis' score.")] = False,
+    input_format: InputFormat = "text",
     device: Device = "auto",
     int8: Int8 = False,
     attention: Annotated[
@@ -180,13 +193,26 @@ def translate(
 
     overrides = decode_overrides(beam, greedy, nbest, lenpen, set_ or [])
     pictures = AttentionOptions(attention, attention_layer, attention_head) if attention else None
-    run_translate(run, input, output, overrides, device, scores, attention=pictures, int8=int8)
+    run_translate(
+        runs,
+        input,
+        output,
+        overrides,
+        device,
+        scores,
+        attention=pictures,
+        int8=int8,
+        input_format=input_format,
+    )
 
 
 @app.command("eval")
 @user_errors
 def eval_(
-    run: Annotated[Optional[str], typer.Argument(help="Run directory or checkpoint file.")] = None,  # noqa: UP045
+    runs: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Argument(help="Run directory or checkpoint file; several: an ensemble."),
+    ] = None,
     src: Annotated[Optional[Path], typer.Option(help="Source text to translate.")] = None,  # noqa: UP045
     ref: Annotated[Path, typer.Option(help="Reference translations.")] = ...,
     hyp: Annotated[
@@ -209,7 +235,7 @@ def eval_(
     if limit < 0:
         raise InputError(f"--limit must be 0 (all) or more, got {limit}")
     overrides = decode_overrides(beam, greedy, None, lenpen, set_ or [])
-    typer.echo(run_eval(run, src, ref, hyp, overrides, device, limit, json, int8))
+    typer.echo(run_eval(runs, src, ref, hyp, overrides, device, limit, json, int8))
 
 
 @app.command()
@@ -284,6 +310,28 @@ def distill(
     typer.echo(
         run_distill(teacher, out, decode_overrides(beam, False, None, lenpen, set_ or []), device)
     )
+
+
+@app.command()
+@user_errors
+def backtranslate(
+    run: Annotated[
+        str, typer.Argument(help="Reverse run (target to source language), or its CTranslate2 dir.")
+    ],
+    mono: Annotated[Path, typer.Argument(help="Monolingual text in RUN's source language.")],
+    out: Annotated[Path, typer.Option(help="Folder for train.SRC, train.TGT, backtranslate.json.")],
+    beam: Beam = None,
+    greedy: Greedy = False,
+    lenpen: Lenpen = None,
+    set_: DecodeSet = None,
+    device: Device = "auto",
+) -> None:
+    """Synthetic pairs from monolingual text: a reverse model translates it (resumable)."""
+    from cli.commands.backtranslate import run_backtranslate
+    from cli.inference.decoding import decode_overrides
+
+    overrides = decode_overrides(beam, greedy, None, lenpen, set_ or [])
+    typer.echo(run_backtranslate(run, mono, out, overrides, device))
 
 
 @app.command()

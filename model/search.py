@@ -106,6 +106,21 @@ def _ban_repeated_ngrams(log_probs: Tensor, tokens: Tensor, n: int) -> Tensor:
     return log_probs.masked_fill(banned > 0, float("-inf"))
 
 
+def force_prefix(log_probs: Tensor, t: int, prefix: Tensor | None, sentence: Tensor) -> Tensor:
+    """At step t, a row whose sentence's prefix is longer than t may take only its prefix's
+    token t (the rest -inf; its log-probability still counts in the score).
+
+    Shape: log_probs (N, V); prefix (B, L) long, each sentence's forced tokens padded with -1,
+    or None; sentence (N,) the row's sentence -> (N, V).
+    """
+    if prefix is None or t >= prefix.size(1):
+        return log_probs
+    forced = prefix[sentence, t]  # (N,) -1: free
+    allowed = torch.zeros_like(log_probs, dtype=torch.bool)
+    allowed.scatter_(1, forced.clamp(min=0)[:, None], True)
+    return log_probs.masked_fill((forced >= 0)[:, None] & ~allowed, float("-inf"))
+
+
 def greedy_search(
     step: StepFn,
     state: State,
@@ -116,6 +131,8 @@ def greedy_search(
     eos_id: int,
     max_lens: Tensor,
     min_len: int = 0,
+    no_repeat_ngram_size: int = 0,
+    prefix: Tensor | None = None,
 ) -> list[Hypothesis]:
     """The most probable next token at every step, for B sentences at once.
 
@@ -126,38 +143,178 @@ def greedy_search(
         max_lens: (B,) long, the most tokens of each sentence's output (EOS not counted), on
             the device of the step's tensors.
         min_len: EOS is forbidden before this many tokens.
+        no_repeat_ngram_size: n > 0 forbids repeating any n-gram within a hypothesis.
+        prefix: (B, L) long or None: each output starts with its row's tokens (padded with -1;
+            `force_prefix`). max_lens must leave room for them.
 
     Returns:
         B hypotheses in input order, score = log_prob.
     """
-    results: list[Hypothesis | None] = [None] * batch_size
-    beams = _initial_beams(batch_size, max_lens.device)  # one row per live sentence
-    tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=max_lens.device)
+
+    def most_probable(log_probs: Tensor, t: int, rows: Tensor) -> Tensor:
+        return log_probs.argmax(dim=1)  # ties go to the first id
+
+    rows = _row_search(
+        step, state, reorder, most_probable, batch_size=batch_size, per_sentence=1,
+        bos_id=bos_id, eos_id=eos_id, max_lens=max_lens, min_len=min_len,
+        no_repeat_ngram_size=no_repeat_ngram_size, prefix=prefix,
+    )  # fmt: skip
+    return [Hypothesis(tokens, log_prob, log_prob) for tokens, log_prob in rows]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What random sampling draws from (the settings of fairseq, Marian and CTranslate2)."""
+
+    topk: int  # the k most probable tokens; -1: every token
+    topp: float = 1.0  # then the fewest most probable ones whose probability reaches p
+    temperature: float = 1.0  # log-probabilities divided by it first (<1 sharper, >1 flatter)
+
+
+def sample_search(
+    step: StepFn,
+    state: State,
+    reorder: ReorderFn,
+    *,
+    batch_size: int,
+    samples: int,
+    sampling: Sampling,
+    noise: Tensor,
+    bos_id: int,
+    eos_id: int,
+    max_lens: Tensor,
+    length_penalty: float,
+    min_len: int = 0,
+    nbest: int = 1,
+    no_repeat_ngram_size: int = 0,
+    prefix: Tensor | None = None,
+) -> list[list[Hypothesis]]:
+    """Random samples, token by token, `samples` per sentence for B sentences at once: the
+    next token is drawn from the model's distribution cut to `sampling`'s top-k and top-p,
+    tempered, as greedy search takes its most probable one (the same length rules).
+
+    The draws are inverse-CDF lookups of given uniform numbers, so a sample depends on its own
+    noise only, never on which sentences share its batch: the caller makes the noise (from a
+    seed and the sentence, say) and the same noise gives the same samples. Top-k 1 is greedy.
+
+    Args:
+        step, state, reorder: as in the module docstring; state holds B rows, expanded to
+            B x samples rows (a sentence's samples adjacent) after the first step.
+        batch_size: B.
+        samples: drawn per sentence.
+        sampling: the distribution drawn from.
+        noise: (B, samples, T) uniform in [0, 1), T > max(max_lens): the draw of step t of a
+            sample is noise[b, s, t].
+        bos_id, eos_id, max_lens, min_len, no_repeat_ngram_size, prefix: as in `greedy_search`.
+        length_penalty: GNMT's alpha, to rank a sentence's samples (log P / lp(|Y|)).
+        nbest: samples returned per sentence, the best first, at most `samples`.
+
+    Returns:
+        For each sentence in input order, its nbest best-scoring samples.
+    """
+    if not 1 <= nbest <= samples:
+        raise ValueError(f"need 1 <= nbest <= samples, got nbest {nbest}, samples {samples}")
+    flat_noise = noise.reshape(batch_size * samples, -1)  # (B samples, T)
+
+    def draw(log_probs: Tensor, t: int, rows: Tensor) -> Tensor:
+        return sample_tokens(log_probs, flat_noise[rows, t], sampling)
+
+    rows = _row_search(
+        step, state, reorder, draw, batch_size=batch_size, per_sentence=samples,
+        bos_id=bos_id, eos_id=eos_id, max_lens=max_lens, min_len=min_len,
+        no_repeat_ngram_size=no_repeat_ngram_size, prefix=prefix,
+    )  # fmt: skip
+    results = []
+    for b in range(batch_size):
+        hyps = []
+        for tokens, log_prob in rows[b * samples : (b + 1) * samples]:
+            lp = gnmt_length_penalty(len(tokens) + 1, length_penalty)  # |Y| counts EOS
+            hyps.append(Hypothesis(tokens, log_prob / lp, log_prob))
+        hyps.sort(key=lambda h: h.score, reverse=True)  # stable: earlier samples win ties
+        results.append(hyps[:nbest])
+    return results
+
+
+def sample_tokens(log_probs: Tensor, uniform: Tensor, sampling: Sampling) -> Tensor:
+    """One token per row drawn from softmax(log_probs / temperature) cut to the top-k, then to
+    the top-p (nucleus: the most probable tokens until their mass reaches p, always one), by
+    the inverse CDF at `uniform`. Forbidden tokens (-inf) are never drawn.
+
+    Shape: log_probs (N, V), uniform (N,) in [0, 1) -> (N,) long.
+    """
+    if sampling.topk == 1:
+        return log_probs.argmax(dim=1)  # exactly greedy's choice, ties included
+    if sampling.topk > 0:
+        top, words = log_probs.topk(min(sampling.topk, log_probs.size(1)), dim=1)  # (N, k)
+    else:
+        top, words = log_probs.sort(dim=1, descending=True)  # (N, V)
+    probs = torch.softmax(top / sampling.temperature, dim=1)  # (N, k), most probable first
+    if sampling.topp < 1.0:
+        before = probs.cumsum(dim=1) - probs  # mass of the more probable tokens
+        probs = probs.masked_fill(before >= sampling.topp, 0.0)  # the first is always kept
+    cdf = probs.cumsum(dim=1)  # (N, k), unnormalised after the cut
+    target = (uniform.to(cdf.dtype) * cdf[:, -1])[:, None]  # (N, 1), below the total
+    choice = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.size(1) - 1)  # (N, 1)
+    return words.gather(1, choice).squeeze(1)
+
+
+def _row_search(
+    step: StepFn,
+    state: State,
+    reorder: ReorderFn,
+    choose: Callable[[Tensor, int, Tensor], Tensor],
+    *,
+    batch_size: int,
+    per_sentence: int,
+    bos_id: int,
+    eos_id: int,
+    max_lens: Tensor,
+    min_len: int,
+    no_repeat_ngram_size: int,
+    prefix: Tensor | None,
+) -> list[tuple[list[int], float]]:
+    """Greedy search's loop, one token per row each step: `per_sentence` rows for each of B
+    sentences (the state's B rows are expanded after the first step), the token of each row
+    chosen by `choose(log_probs (N, V), t, rows (N,)) -> (N,)`, `rows` the index of each live
+    row among all B x per_sentence. Returns (tokens, log P) for every row, sentence-major."""
+    device = max_lens.device
+    results: list[tuple[list[int], float] | None] = [None] * (batch_size * per_sentence)
+    beams = _initial_beams(batch_size, device)  # one row per live sentence
+    row_ids = torch.arange(batch_size, device=device) * per_sentence  # (N,)
+    tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)
     shortest = int(max_lens.min())
     for t in itertools.count():
         log_probs, state = step(tokens, state)  # (N, V)
+        if t == 0 and per_sentence > 1:
+            expand = torch.arange(batch_size, device=device).repeat_interleave(per_sentence)
+            state = reorder(state, expand, per_sentence)
+            beams, log_probs = beams.take(expand), log_probs[expand]
+            row_ids = torch.arange(batch_size * per_sentence, device=device)
         row_max_lens = max_lens[beams.sentence]  # (N,)
         log_probs = _restrict_length(log_probs, t, row_max_lens, eos_id, min_len, shortest)
-        best, tokens = log_probs.max(dim=1)  # (N,) each; ties go to the first id
-        sum_log_probs = beams.log_probs + best  # (N,)
+        log_probs = _ban_repeated_ngrams(log_probs, beams.tokens, no_repeat_ngram_size)
+        log_probs = force_prefix(log_probs, t, prefix, beams.sentence)
+        tokens = choose(log_probs, t, row_ids)  # (N,)
+        sum_log_probs = beams.log_probs + log_probs.gather(1, tokens[:, None]).squeeze(1)
         ended = (tokens == eos_id) | (row_max_lens <= t)  # (N,) the latter even if EOS is -inf
         host_ended = ended.tolist()  # the step's one wait for the device
         if any(host_ended):
-            rows = _index_on([i for i, e in enumerate(host_ended) if e], tokens.device)
-            for sentence, prefix, log_prob in zip(
-                beams.sentence.index_select(0, rows).tolist(),
+            rows = _index_on([i for i, e in enumerate(host_ended) if e], device)
+            for row, output, log_prob in zip(
+                row_ids.index_select(0, rows).tolist(),
                 beams.tokens.index_select(0, rows).tolist(),
                 sum_log_probs.index_select(0, rows).tolist(),
                 strict=True,
             ):
-                results[sentence] = Hypothesis(prefix, log_prob, log_prob)
+                results[row] = (output, log_prob)
             if all(host_ended):
                 break
-            live = _index_on([i for i, e in enumerate(host_ended) if not e], tokens.device)
+            live = _index_on([i for i, e in enumerate(host_ended) if not e], device)
             state = reorder(state, live, 1)
             beams, tokens, sum_log_probs = beams.take(live), tokens[live], sum_log_probs[live]
+            row_ids = row_ids[live]
         beams = beams.extend(tokens, sum_log_probs)
-    return results  # type: ignore[return-value]  # every sentence ends by its max length
+    return results  # type: ignore[return-value]  # every row ends by its max length
 
 
 def beam_search(
@@ -175,6 +332,7 @@ def beam_search(
     min_len: int = 0,
     nbest: int = 1,
     no_repeat_ngram_size: int = 0,
+    prefix: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search for B sentences at once.
 
@@ -201,6 +359,7 @@ def beam_search(
         min_len: EOS is forbidden before this many tokens.
         nbest: hypotheses returned per sentence, at most beam_size.
         no_repeat_ngram_size: n > 0 forbids repeating any n-gram within a hypothesis.
+        prefix: as in `greedy_search`; while it is forced a sentence has one live hypothesis.
 
     Returns:
         For each sentence in input order, up to nbest hypotheses, best score first (fewer only
@@ -223,6 +382,7 @@ def beam_search(
             log_probs, t, max_lens[beams.sentence], eos_id, min_len, shortest
         )
         log_probs = _ban_repeated_ngrams(log_probs, beams.tokens, no_repeat_ngram_size)
+        log_probs = force_prefix(log_probs, t, prefix, beams.sentence)
         top, rows, words = _best_extensions(log_probs, beams.log_probs, k, 2 * beam_size)
         is_eos = words == eos_id  # (B', C)
 

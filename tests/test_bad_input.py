@@ -206,3 +206,11 @@ def test_make_eval_fails_when_tf_eval_fails(tmp_path):
     )
     assert result.returncode != 0
     assert not (run / "eval.json").exists()
+
+
+def test_eval_of_empty_files_is_one_line(trained, tmp_path):
+    """sacrebleu fails with an IndexError on no sentences: tf says so first."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert_user_error(tf("eval", "--hyp", empty, "--ref", empty), f"{empty}: no lines")
+    assert_user_error(tf("eval", trained, "--src", empty, "--ref", empty), f"{empty}: no lines")

@@ -166,3 +166,31 @@ def check_corpus(results: dict) -> None:
     assert "cleaning" not in cached["stages"]  # the cached start does not clean again
     assert len(ranks["ranks"]) >= 2 and all(r["peak_pss_gb"] > 0 for r in ranks["ranks"])
     assert start["disk_gb"] > 0 and first["seconds_to_first_update"] > 0
+
+
+def test_backtranslation_halves_split_the_bundled_pairs_by_verse(tmp_path):
+    from benchmarks import backtranslation
+
+    backtranslation.split(tmp_path)
+    halves = {
+        f"{h}.{lang}": (tmp_path / f"half-{h}.{lang}").read_text().splitlines()
+        for h in "ab"
+        for lang in ("es", "en")
+    }
+    assert len(halves["a.es"]) == len(halves["a.en"]) and len(halves["b.es"]) == len(halves["b.en"])
+    assert len(halves["a.en"]) + len(halves["b.en"]) == 28_045
+    assert abs(len(halves["a.en"]) - len(halves["b.en"])) < 1000  # odd and even verses
+    assert not set(halves["a.en"][:500]) & set(halves["b.en"][:500])
+
+
+def test_control(out, trained, capsys):
+    from benchmarks import control_bench
+
+    assert control_bench.term("And God said, Let there be light.", phrase=False) == "light"
+    assert control_bench.term("And God said, Let there be light.", phrase=True) == "light"
+    assert control_bench.term("Jacob went to Bethel and built", phrase=True) == "Bethel and"
+    r = control_bench.constraints(str(trained), out / "constraints", n=6)
+    assert r["with"]["terms_held"] == 1.0 and r["terms"] == 6
+    assert_numbers(r["without"], ["sentences_per_s"])
+    e = control_bench.ensembles({"one": [str(trained)], "two": [str(trained)] * 2}, limit=4)
+    assert e["one"]["bleu"] == e["two"]["bleu"] and e["one"]["chrf"] == e["two"]["chrf"]

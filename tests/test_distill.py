@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_cli import assert_user_error, tf
 
-from cli.commands.distill import complete_lines
+from cli.inference.bulk import complete_lines
 from cli.inference.engines import Engine
 from data.tokenizer import Tokenizer
 

@@ -84,7 +84,7 @@ def echo_engine(engine: Engine) -> Engine:
     """The run's tokenizer and config, with a search that answers each source with itself:
     which answer came back for which sentence is then plain to see."""
 
-    def search(src_ids, decode):
+    def search(src_ids, decode, guides=None):
         return [[Hypothesis(list(ids), 0.0, 0.0)] for ids in src_ids]
 
     return replace(engine, search=search, model=None)
@@ -148,6 +148,13 @@ def test_a_request_is_translated_as_tf_translate_does(engine, trained):
         ({"text": ["hola", "hola \ud800"]}, 400, "text[1]: a lone surrogate"),
         (b'{"text": ["\xed\xa0\x80"]}', 400, "text[0]: a lone surrogate"),  # CESU-8 bytes
         ({"text": [["hola"]]}, 400, "text[0] must be a string"),
+        ({"text": ["hola", {"text": "hola", "prefix": 3}]}, 400, 'text[1]: "prefix" must be'),
+        (
+            {"text": [{"text": "hola", "constraints": ["\u732b"]}]},
+            400,
+            "pieces the tokenizer lacks",
+        ),
+        ({"text": [{"txt": "hola"}]}, 400, "text[0]: unknown field(s) ['txt']"),
         pytest.param(
             b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
             400,
@@ -198,11 +205,11 @@ def test_wrong_routes_and_methods_answer_json(engine):
 def test_a_failing_search_is_a_500_and_the_server_lives_on(engine):
     calls = []
 
-    def search(src_ids, decode):
+    def search(src_ids, decode, guides=None):
         calls.append(len(src_ids))
         if len(calls) == 1:
             raise RuntimeError("out of memory")
-        return engine.search(src_ids, decode)
+        return engine.search(src_ids, decode, guides)
 
     with serving(build_app(replace(engine, search=search), "run", "pytorch")) as url:
         status, payload, _ = call(f"{url}/translate", {"text": ["hola"]})
@@ -298,7 +305,7 @@ class Gate:
         self.calls: list[tuple[int, int]] = []  # (sources, decode.max_tokens) of each call
         self.fail_on = fail_on  # a token id that fails any search holding it
 
-    def search(self, src_ids, decode):
+    def search(self, src_ids, decode, guides=None):
         self.entered.set()
         assert self.open.wait(60), "the test never opened the gate"
         self.searched += src_ids
@@ -543,3 +550,29 @@ def test_tf_serve_refuses_bad_settings_at_start_in_one_line(trained, args, says)
     done = CliRunner().invoke(cli_app, ["serve", str(trained), "--host", "256.0.0.0", *args])
     assert done.exit_code == 2, done.output
     assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_sentence_can_ask_for_a_prefix_and_constraints(engine, trained):
+    """The same fields as `tf translate --input-format jsonl`, per sentence, with the same
+    answers; sentences that ask nothing share the batch unchanged."""
+    from typer.testing import CliRunner
+
+    from cli.main import app as cli_app
+
+    asked = [
+        {"text": "el perro come", "prefix": "And", "constraints": ["the house"]},
+        "yo soy",
+        {"text": "la casa", "constraints": ["God", "of Israel"]},
+    ]
+    lines = "".join(json.dumps(a) + "\n" for a in asked)
+    direct = CliRunner().invoke(
+        cli_app, ["translate", str(trained), "--input-format", "jsonl", "--beam", "3"], input=lines
+    )
+    assert direct.exit_code == 0, direct.output
+    with serving(build_app(engine, "run", "pytorch")) as url:
+        status, body, _ = call(f"{url}/translate", {"text": asked, "beam": 3})
+    assert status == 200, body
+    assert body["translations"] == direct.stdout.splitlines()
+    first, _, third = body["translations"]
+    assert first.startswith("And") and "the house" in first
+    assert "God" in third and "of Israel" in third

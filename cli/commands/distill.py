@@ -6,181 +6,28 @@ on the teacher's outputs instead of the references, with the teacher's tokenizer
 OUT/distill.json recording what made it: the teacher (its checkpoint or exported directory,
 with a digest of its weights), the engine, the device and every decode setting.
 
-Resumable: translations go to a hidden partial file, flushed as they come, with that record
-beside it; a killed run restarts after its last complete line if the same teacher, engine,
-device and settings made it, and starts over (saying why, in one line) otherwise, so a corpus
-never mixes two teachers or two searches. OUT/train.TGT appears (by rename) only once whole, so
-no later step can read a half-written corpus as a corpus.
+Resumable as `cli.inference.bulk` says: a killed run restarts after its last complete line if
+the same teacher and settings made it, and starts over otherwise.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import os
-import sys
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
-
-import torch
 
 from cli.device import pick_device
-from cli.exporters.ctranslate2 import is_ctranslate2_dir
-from cli.files import atomic_output
-from cli.inference.engines import Engine, load_engine
-from cli.training.checkpoint import load_checkpoint, resolve_checkpoint
+from cli.inference.bulk import translate_corpus
+from cli.inference.engines import load_engine
 from data.corpus import load_corpus
-from data.errors import InputError
-
-log = logging.getLogger(__name__)
-
-FLUSH_EVERY = 256  # lines between flushes of the partial translation
-# Settings that change how fast, never what is written: a resume may change them (a smaller GPU
-# needs a smaller batch).
-IGNORED = {"decode.max_tokens"}
 
 
 def run_distill(teacher: str, out: Path, overrides: list[str], device_name: str) -> str:
     """Translate the teacher's training sources into OUT (see the module docstring)."""
-    from tqdm import tqdm
-
     device = pick_device(device_name)
     engine = load_engine(teacher, device, overrides)
-    made_by = producer(teacher, engine, device)
     d = engine.config.data
-    src_path, tgt_path = out / f"train.{d.src_lang}", out / f"train.{d.tgt_lang}"
-    if src_path.is_file() and tgt_path.is_file():
-        return already_distilled(out, tgt_path, made_by)
-    out.mkdir(parents=True, exist_ok=True)
+    corpora = [c.corpus for c in d.corpora()]
     sources = training_sources(d)
-    if not src_path.is_file():
-        with atomic_output(src_path) as f:
-            f.write("".join(s + "\n" for s in sources))
-    partial = out / f".{tgt_path.name}.partial"
-    done = resume_point(partial, made_by)
-    bar = tqdm(total=len(sources), initial=done, desc="distill", unit="line", file=sys.stderr)
-    with open(partial, "a", encoding="utf-8") as f:
-        for n, (_, hyps) in enumerate(engine.stream(sources[done:], str(src_path)), start=1):
-            f.write(engine.tokenizer.decode_tgt([hyps[0].tokens])[0] + "\n")
-            bar.update(1)
-            if n % FLUSH_EVERY == 0:
-                f.flush()
-                os.fsync(f.fileno())
-        f.flush()
-        os.fsync(f.fileno())
-    bar.close()
-    with atomic_output(out / "distill.json") as f:
-        corpora = [c.corpus for c in d.corpora()]
-        json.dump({**made_by, "corpus": corpora, "pairs": len(sources)}, f, indent=1)
-    os.replace(partial, tgt_path)
-    record_path(partial).unlink(missing_ok=True)
-    return f"{out}: {len(sources)} pairs distilled by {teacher}"
-
-
-def producer(teacher: str, engine: Engine, device: torch.device) -> dict[str, Any]:
-    """What decides the translations: the teacher's weights (path, step, sha256), the engine,
-    the device type (`decode.precision: auto` is bf16 on one, fp32 on another) and every
-    decode setting."""
-    if is_ctranslate2_dir(teacher):
-        directory = Path(teacher).resolve()
-        source = {"ctranslate2": str(directory), "sha256": file_digest(directory / "model.bin")}
-    else:
-        checkpoint, _ = resolve_checkpoint(teacher)
-        source = {
-            "checkpoint": str(checkpoint.resolve()),
-            "step": load_checkpoint(checkpoint).get("step"),
-            "sha256": file_digest(checkpoint),
-        }
-    kind = "pytorch" if engine.model is not None else "ctranslate2"
-    return {**source, "engine": kind, "device": device.type, "decode": asdict(engine.config.decode)}
-
-
-def file_digest(path: Path) -> str:
-    """sha256 (hex) of a file, read in blocks (a checkpoint may be gigabytes)."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            sha.update(block)
-    return sha.hexdigest()
-
-
-def record_path(partial: Path) -> Path:
-    """Where the record of what made `partial` lies: beside it."""
-    return partial.with_name(partial.name + ".json")
-
-
-def resume_point(partial: Path, made_by: dict[str, Any]) -> int:
-    """The lines of `partial` this run keeps: its complete lines if `made_by` made them, else
-    none (it is emptied, and one line says why). The record is written when a file starts."""
-    if partial.is_file():
-        try:
-            before = json.loads(record_path(partial).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            before = None
-        if before is not None and not differences(before, made_by, every_key=True):
-            return complete_lines(partial)
-        if before is None:
-            why = "has no record of the teacher and settings that made it"
-        else:
-            was, now = differences(before, made_by, every_key=True)
-            why = f"was made with {was}, this run uses {now}"
-        log.warning("%s %s: starting over", partial, why)
-    with atomic_output(record_path(partial)) as f:
-        json.dump(made_by, f, indent=1)
-    partial.write_bytes(b"")
-    return 0
-
-
-def already_distilled(out: Path, tgt_path: Path, made_by: dict[str, Any]) -> str:
-    """The answer for a corpus that is already whole: done, if this run asks what made it."""
-    try:
-        before = json.loads((out / "distill.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        before = {}  # a corpus made by other means: nothing to compare
-    # Only the keys both records have: one written by an older tf holds fewer.
-    changed = differences(before, made_by, every_key=False)
-    if changed:
-        was, now = changed
-        raise InputError(
-            f"{out}: already distilled with {was} (distill.json), this run asks {now}; "
-            "give another --out, or remove it"
-        )
-    return f"{out}: already distilled ({tgt_path})"
-
-
-def differences(old: dict, new: dict, every_key: bool) -> tuple[str, str] | None:
-    """('key=old, ...', 'key=new, ...') over the dotted keys whose values differ (all keys, or
-    only those both hold), IGNORED aside; None when none differ."""
-    a, b = flatten(old), flatten(new)
-    keys = sorted(set(a) | set(b) if every_key else set(a) & set(b))
-    keys = [k for k in keys if k not in IGNORED and a.get(k) != b.get(k)]
-    if not keys:
-        return None
-    return ", ".join(f"{k}={a.get(k)}" for k in keys), ", ".join(f"{k}={b.get(k)}" for k in keys)
-
-
-def flatten(record: dict, prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in record.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def complete_lines(path: Path) -> int:
-    """The complete lines in `path` (0 if none), cutting off a last line a kill left unfinished."""
-    if not path.is_file():
-        return 0
-    data = path.read_bytes()
-    whole = data[: data.rfind(b"\n") + 1]
-    if len(whole) != len(data):
-        with open(path, "r+b") as f:
-            f.truncate(len(whole))
-    return whole.count(b"\n")
+    return translate_corpus(engine, teacher, device, sources, out, "distill", {"corpus": corpora})
 
 
 def training_sources(d) -> list[str]:

@@ -15,7 +15,7 @@ from data.text import check_readable, read_file_lines
 
 
 def run_eval(
-    run: str | None,
+    run: str | list[str] | None,
     src: Path | None,
     ref: Path,
     hyp: Path | None,
@@ -38,7 +38,7 @@ def run_eval(
         if limit:
             hyps, refs = hyps[:limit], refs[:limit]
     else:
-        if run is None or src is None:
+        if not run or src is None:
             raise InputError("tf eval needs RUN and --src, or --hyp")
         srcs = read_file_lines(src)
         check_parallel(src, srcs, ref, refs)

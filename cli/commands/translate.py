@@ -20,15 +20,19 @@ from cli.device import pick_device
 from cli.files import atomic_output, check_output
 from cli.inference.decoding import as_they_arrive, chunks, format_hypotheses
 from cli.inference.engines import load_engine
+from cli.inference.requests import read_requests
 from data.errors import InputError
 from data.text import check_readable, read_lines
+from model.transformer import Transformer
+
+INPUT_FORMATS = ("text", "jsonl")
 
 if TYPE_CHECKING:
     from cli.inference.heatmaps import AttentionOptions
 
 
 def run_translate(
-    run: str,
+    run: str | list[str],
     input_path: Path | None,
     output_path: Path | None,
     overrides: list[str],
@@ -37,6 +41,7 @@ def run_translate(
     progress: bool = True,
     attention: AttentionOptions | None = None,
     int8: bool = False,
+    input_format: str = "text",
 ) -> None:
     """The `tf translate` command: stdin/FILE (or a pipe, `-i <(cmd)`) to stdout/FILE, with the
     run's decode settings changed by `overrides` (`decode.KEY=VALUE`); RUN may be an exported
@@ -47,21 +52,21 @@ def run_translate(
 
     from cli.inference.heatmaps import prepare_attention, write_attention  # matplotlib: optional
 
-    if input_path is not None:
-        check_readable(input_path)  # a file, or a pipe such as `<(cmd)` or /dev/stdin
-    if output_path is not None:
-        check_output(output_path)
+    check_arguments(input_path, output_path, input_format)
     engine = load_engine(run, pick_device(device_name), overrides, int8)
     tokenizer, config = engine.tokenizer, engine.config
     if attention is not None:
-        if engine.model is None or int8:
-            raise InputError("--attention needs the run's PyTorch model in fp32")
+        if not isinstance(engine.model, Transformer) or int8:
+            raise InputError("--attention needs one run's PyTorch model in fp32")
         prepare_attention(attention, config.model)
     source = str(input_path) if input_path else "<stdin>"
     raw = open(input_path, "rb") if input_path else sys.stdin.buffer  # noqa: SIM115
     prompt = start_prompt(raw, config.data.src_lang)
     group = chunks if is_regular_file(raw) else as_they_arrive
-    results = engine.stream(read_lines(raw, source), source, group)
+    items = read_lines(raw, source)
+    if input_format == "jsonl":  # {"text": ..., "prefix": ..., "constraints": [...]} a line
+        items = read_requests(items, source)
+    results = engine.stream(items, source, group)
     if input_path and progress:
         # A pipe is read once: only a regular file can be counted ahead for the bar's total.
         total = count_lines(input_path) if group is chunks else None
@@ -84,6 +89,17 @@ def run_translate(
         finally:
             if input_path:
                 raw.close()
+
+
+def check_arguments(input_path: Path | None, output_path: Path | None, input_format: str) -> None:
+    """The command's files and format, each wrong one in one line, before the model loads."""
+    if input_format not in INPUT_FORMATS:
+        formats = ", ".join(INPUT_FORMATS)
+        raise InputError(f"--input-format {input_format}: expected one of {formats}")
+    if input_path is not None:
+        check_readable(input_path)  # a file, or a pipe such as `<(cmd)` or /dev/stdin
+    if output_path is not None:
+        check_output(output_path)
 
 
 def start_prompt(raw, src_lang: str) -> str:

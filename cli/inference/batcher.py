@@ -20,6 +20,7 @@ from dataclasses import astuple, dataclass, field, replace
 
 from cli.config import DecodeConfig
 from cli.inference.engines import Search
+from cli.inference.requests import Guide
 from model.search import Hypothesis
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class QueueFull(Exception):
 class Job:
     src_ids: list[list[int]]
     decode: DecodeConfig
+    guides: list[Guide | None] | None = None  # one per source: a prefix, constraints
     done: Future = field(default_factory=Future)  # -> list[list[Hypothesis]], one per source
     queued: bool = False  # counted in Batcher.pending (guarded by Batcher.lock)
 
@@ -68,9 +70,14 @@ class Batcher:
     def alive(self) -> bool:
         return self.thread.is_alive()
 
-    def submit(self, src_ids: list[list[int]], decode: DecodeConfig) -> Future:
+    def submit(
+        self,
+        src_ids: list[list[int]],
+        decode: DecodeConfig,
+        guides: list[Guide | None] | None = None,
+    ) -> Future:
         """Queue a job; its future gets one list of hypotheses per source. Raises QueueFull."""
-        job = Job(src_ids, decode)
+        job = Job(src_ids, decode, guides)
         with self.lock:
             if self.pending and self.pending + job.cost > self.max_queue:
                 raise QueueFull(f"the queue is full ({self.pending} of {self.max_queue} waiting)")
@@ -144,7 +151,11 @@ class Batcher:
         """One search over the sources of `jobs` (same settings); each gets its share back.
         When it fails, each job is searched alone: only a bad request fails."""
         try:
-            found = self.searched([ids for job in jobs for ids in job.src_ids], jobs[0].decode)
+            sources = [ids for job in jobs for ids in job.src_ids]
+            guides = None
+            if any(job.guides for job in jobs):
+                guides = [g for job in jobs for g in (job.guides or [None] * len(job.src_ids))]
+            found = self.searched(sources, jobs[0].decode, guides)
         except Exception as err:  # noqa: BLE001 - reported to the requests, the thread lives on
             if len(jobs) == 1:
                 log.exception("search failed on %d sentences", len(jobs[0].src_ids))
@@ -159,12 +170,14 @@ class Batcher:
             finish(job, result=found[start : start + len(job.src_ids)])
             start += len(job.src_ids)
 
-    def searched(self, sources: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
+    def searched(
+        self, sources: list[list[int]], decode: DecodeConfig, guides=None
+    ) -> list[list[Hypothesis]]:
         """`search` under the batch budget counted with the beam: the engine's own batches of
         source tokens then hold `max_tokens` / beam of them, whatever beam a client asks."""
         self.searches += 1
         budget = max(1, self.max_tokens // max(1, decode.beam_size))
-        found = self.search(sources, replace(decode, max_tokens=budget))
+        found = self.search(sources, replace(decode, max_tokens=budget), guides)
         if len(found) != len(sources):
             raise RuntimeError(f"the search returned {len(found)} results for {len(sources)}")
         return found

@@ -6,22 +6,27 @@ Used by `tf translate`, `tf eval`, validation inside training and the benchmarks
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from cli.config import DecodeConfig
 from cli.device import inference_autocast
+from cli.inference.requests import Guide
 from data.batching import Batch, batch_by_tokens, collate
 from data.errors import InputError
 from data.tokenizer import Tokenizer
-from model.search import Hypothesis, beam_search, greedy_search
+from model.constraints import constrained_beam_search
+from model.ensemble import Ensemble
+from model.search import Hypothesis, Sampling, beam_search, greedy_search, sample_search
 from model.transformer import DecoderCache, Transformer
 
 log = logging.getLogger(__name__)
@@ -44,7 +49,7 @@ def cached_start(model: Transformer, memory: Tensor, src_pad_mask: Tensor):
 
 def is_greedy(decode: DecodeConfig) -> bool:
     """Beam 1 with one hypothesis is greedy search exactly (without its bookkeeping)."""
-    return decode.beam_size == 1 and decode.nbest == 1
+    return decode.beam_size == 1 and decode.nbest == 1 and not decode.sampling
 
 
 def decode_overrides(
@@ -73,16 +78,18 @@ def decode_overrides(
 
 @torch.inference_mode()
 def search_batch(
-    model: Transformer,
+    model: Transformer | Ensemble,
     batch: Batch,
     decode: DecodeConfig,
     bos_id: int,
     eos_id: int,
     start: Start = cached_start,
+    guides: list[Guide | None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate one padded batch of source ids: `decode.nbest` hypotheses per sentence, best
-    first, with `decode`'s search settings."""
-    memory = model.encode(batch.src, batch.src_pad_mask)  # (B, S, D)
+    first, with `decode`'s search settings; a sentence's guide forces a prefix (any search)
+    or constraints (beam search, `model.constraints`; greedy is its beam of 1)."""
+    memory = model.encode(batch.src, batch.src_pad_mask)  # (B, S, D), a list for an ensemble
     cache, decode_step = start(model, memory, batch.src_pad_mask)
     src_lens = (~batch.src_pad_mask).sum(dim=1)  # (B,)
     limit = model.config.max_positions - 1
@@ -100,32 +107,77 @@ def search_batch(
         eos_id=eos_id,
         max_lens=max_lens,
         min_len=decode.min_len,
+        no_repeat_ngram_size=decode.no_repeat_ngram_size,
+        prefix=prefix_tensor(guides, batch.src.device),
     )
-    if is_greedy(decode):
-        return [[h] for h in greedy_search(step, cache, reorder, **common)]
-    return beam_search(
-        step,
-        cache,
-        reorder,
+    beam = dict(
         beam_size=decode.beam_size,
         length_penalty=decode.length_penalty,
         nbest=decode.nbest,
-        no_repeat_ngram_size=decode.no_repeat_ngram_size,
         patience=decode.patience,
+    )
+    if guides and any(g and g.constraints for g in guides):
+        constraints = [g.constraints if g else () for g in guides]
+        return constrained_beam_search(
+            step, cache, reorder, constraints=constraints, **beam, **common
+        )
+    if decode.sampling:
+        return _sample(step, cache, reorder, batch, decode, limit, common)
+    if is_greedy(decode):
+        return [[h] for h in greedy_search(step, cache, reorder, **common)]
+    return beam_search(step, cache, reorder, **beam, **common)
+
+
+def _sample(step, cache, reorder, batch: Batch, decode: DecodeConfig, limit: int, common: dict):
+    """`decode.beam_size` samples of each sentence, its nbest best kept (`sample_search`)."""
+    return sample_search(
+        step,
+        cache,
+        reorder,
+        samples=decode.beam_size,
+        sampling=Sampling(decode.sampling_topk, decode.sampling_topp, decode.sampling_temperature),
+        noise=sample_noise(batch, decode, limit + 1).to(batch.src.device),
+        length_penalty=decode.length_penalty,
+        nbest=decode.nbest,
         **common,
     )
 
 
+def prefix_tensor(guides: list[Guide | None] | None, device: torch.device) -> Tensor | None:
+    """(B, L) long: each sentence's forced prefix padded with -1; None when none has one."""
+    prefixes = [list(g.prefix) if g else [] for g in guides or []]
+    if not any(prefixes):
+        return None
+    longest = max(map(len, prefixes))
+    rows = [p + [-1] * (longest - len(p)) for p in prefixes]
+    return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+def sample_noise(batch: Batch, decode: DecodeConfig, steps: int) -> Tensor:
+    """The uniform numbers sampling draws with, (B, beam_size, steps): each sentence's from a
+    generator seeded by `decode.seed` and its source ids, so that its samples are the same
+    whatever batch it lands in (another chunk size, a resumed run) and differ by seed."""
+    rows = []
+    for ids, pad in zip(batch.src.tolist(), batch.src_pad_mask.tolist()):
+        sentence = np.array([i for i, p in zip(ids, pad) if not p], dtype=np.int64)
+        digest = hashlib.blake2b(sentence.tobytes(), digest_size=8, key=str(decode.seed).encode())
+        generator = torch.Generator().manual_seed(int.from_bytes(digest.digest(), "little") >> 1)
+        rows.append(torch.rand(steps, decode.beam_size, generator=generator).T)
+    return torch.stack(rows)
+
+
 def translate_ids(
-    model: Transformer,
+    model: Transformer | Ensemble,
     tokenizer: Tokenizer,
     src_ids: list[list[int]],
     decode: DecodeConfig,
     device: torch.device,
     max_sentences: int = 1024,
     start: Start = cached_start,
+    guides: list[Guide | None] | None = None,
 ) -> list[list[Hypothesis]]:
-    """Search for every source (already encoded and truncated), results in input order."""
+    """Search for every source (already encoded and truncated), results in input order; each
+    may have a guide (`cli.inference.requests`), checked to fit its length limit."""
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
     todo = [i for i, ids in enumerate(src_ids) if ids]  # empty lines stay empty
     lens = [len(src_ids[i]) for i in todo]
@@ -140,7 +192,15 @@ def translate_ids(
             rows,
         ).to(device)
         with inference_autocast(device, decode.precision):
-            hyps = search_batch(model, batch, decode, tokenizer.bos_id, tokenizer.eos_id, start)
+            hyps = search_batch(
+                model,
+                batch,
+                decode,
+                tokenizer.bos_id,
+                tokenizer.eos_id,
+                start,
+                [guides[i] for i in rows] if guides else None,
+            )
         for i, h in zip(rows, hyps):
             results[i] = h
     return results

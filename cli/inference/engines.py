@@ -21,15 +21,18 @@ from cli.config import Config, DecodeConfig, load_config, with_overrides
 from cli.device import autocast_dtype
 from cli.exporters.ctranslate2 import TF_CONFIG, is_ctranslate2_dir
 from cli.inference.decoding import Grouping, chunks, encode_sources, is_greedy, translate_ids
+from cli.inference.requests import Guide, Request, encode_guide
 from cli.training.checkpoint import CheckpointError, load_for_inference
 from data.errors import InputError
 from data.tokenizer import Tokenizer
+from model.ensemble import Ensemble
 from model.search import Hypothesis, gnmt_length_penalty
 from model.transformer import Transformer
 
 Results = Iterator[tuple[list[int], list[Hypothesis]]]
-# (source ids, decode settings) -> each source's hypotheses, best first, in input order
-Search = Callable[[list[list[int]], DecodeConfig], list[list[Hypothesis]]]
+Guides = list[Guide | None] | None  # one per source (a prefix, constraints), or None for none
+# (source ids, decode settings, guides) -> each source's hypotheses, best first, in input order
+Search = Callable[[list[list[int]], DecodeConfig, Guides], list[list[Hypothesis]]]
 # decode.precision -> CTranslate2's compute_type. auto: the type the directory was exported in
 # (`tf export --quantization`), as CTranslate2's "default"; fp32 gives tf's fp32 numbers.
 CT2_COMPUTE_TYPES = {"auto": "default", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -40,41 +43,89 @@ class Engine:
     tokenizer: Tokenizer
     config: Config  # the run's, with the command line's decode overrides
     search: Search
-    model: Transformer | None = None  # the PyTorch model, when that is the engine
+    model: Transformer | Ensemble | None = None  # the PyTorch model(s), when that is the engine
 
-    def stream(self, lines: Iterable[str], source: str, group: Grouping = chunks) -> Results:
-        """(source ids as translated, hypotheses) for each input line, in order, group by group
-        (`chunks`, or `as_they_arrive` for interactive input), with the config's settings; the
-        ids are encoded and truncated once, here (`--attention` reuses them)."""
+    def stream(
+        self, lines: Iterable[str | Request], source: str, group: Grouping = chunks
+    ) -> Results:
+        """(source ids as translated, hypotheses) for each input line (its text, or a Request
+        with a prefix and constraints), in order, group by group (`chunks`, or
+        `as_they_arrive` for interactive input), with the config's settings; the ids are
+        encoded and truncated once, here (`--attention` reuses them)."""
         max_src, first = self.config.model.max_positions, 1
         for chunk in group(lines):
-            src_ids = encode_sources(self.tokenizer, chunk, max_src, source, first)
-            yield from zip(src_ids, self.search(src_ids, self.config.decode))
+            texts = [r.text if isinstance(r, Request) else r for r in chunk]
+            src_ids = encode_sources(self.tokenizer, texts, max_src, source, first)
+            guides = self.guides(chunk, src_ids, source, first)
+            yield from zip(src_ids, self.search(src_ids, self.config.decode, guides))
             first += len(chunk)
 
+    def guides(self, chunk: list, src_ids: list[list[int]], source: str, first: int) -> Guides:
+        """The chunk's prefixes and constraints as ids, each line's checked (`encode_guide`)."""
+        if not any(isinstance(r, Request) and (r.prefix or r.constraints) for r in chunk):
+            return None
+        guides = []
+        for n, (request, ids) in enumerate(zip(chunk, src_ids)):
+            where = f"{source}:{first + n}"
+            if not isinstance(request, Request):
+                guides.append(None)
+                continue
+            if request.constraints and self.config.decode.sampling:
+                raise InputError(
+                    f"{where}: constraints need beam search; sampling cannot keep them"
+                )
+            limit = length_limit(len(ids), self.config)
+            guides.append(
+                encode_guide(self.tokenizer, request, limit, where, self.model is not None)
+            )
+        return guides
 
-def load_engine(run: str, device: torch.device, overrides: list[str], int8: bool = False) -> Engine:
+
+def load_engine(
+    runs: str | list[str], device: torch.device, overrides: list[str], int8: bool = False
+) -> Engine:
     """The engine for RUN (a run directory or checkpoint) or for an exported CTranslate2 DIR,
-    its decode settings checked against it and `device` (see the module docstring).
+    its decode settings checked against it and `device` (see the module docstring). Several
+    runs decode as an ensemble (`model.ensemble`), with the first run's settings.
 
     Raises:
         InputError: a setting this engine cannot run on this device (fp16 on a CPU, a patience
-            of 0 for CTranslate2, a precision CTranslate2 lacks there, --int8 off the CPU...).
+            of 0 for CTranslate2, a precision CTranslate2 lacks there, --int8 off the CPU...);
+            an ensemble with a CTranslate2 directory, or of runs with different tokenizers.
     """
-    if is_ctranslate2_dir(run):
+    runs = [runs] if isinstance(runs, str) else list(runs)
+    exported = [r for r in runs if is_ctranslate2_dir(r)]
+    if exported and len(runs) > 1:
+        raise InputError(
+            f"{exported[0]}: CTranslate2 decodes one model; give the runs themselves to ensemble"
+        )
+    if exported:
         if int8:
-            raise InputError(f"{run}: --int8 is for PyTorch models; export with --quantization")
-        return ctranslate2_engine(Path(run), device, overrides)
-    model, tokenizer, config = load_for_inference(run, device)
+            raise InputError(f"{runs[0]}: --int8 is for PyTorch models; export with --quantization")
+        return ctranslate2_engine(Path(runs[0]), device, overrides)
+    model, tokenizer, config = load_for_inference(runs[0], device)
+    models = [model]
+    for other in runs[1:]:
+        member, member_tokenizer, _ = load_for_inference(other, device)
+        if member_tokenizer.digest() != tokenizer.digest():
+            raise InputError(
+                f"{other}: its tokenizer is not {runs[0]}'s; an ensemble needs one tokenizer"
+            )
+        models.append(member)
     config = with_overrides(config, overrides)
     if int8:
-        model = quantize_int8(model, device)
+        models = [quantize_int8(m, device) for m in models]
         # Its layers take fp32 activations (quantized on the fly), never autocast's bf16.
         config = replace(config, decode=replace(config.decode, precision="fp32"))
     autocast_dtype(config.decode.precision, device, "decode.precision")  # fp16 needs CUDA
+    if len(models) > 1:
+        model = Ensemble(models)
+        config = replace(config, model=model.config)  # the shortest position table
+    else:
+        model = models[0]
 
-    def search(src_ids: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
-        return translate_ids(model, tokenizer, src_ids, decode, device)
+    def search(src_ids: list[list[int]], decode: DecodeConfig, guides: Guides = None):
+        return translate_ids(model, tokenizer, src_ids, decode, device, guides=guides)
 
     return Engine(tokenizer, config, search, model)
 
@@ -108,8 +159,9 @@ def ctranslate2_engine(directory: Path, device: torch.device, overrides: list[st
     except (RuntimeError, ValueError) as e:
         raise CheckpointError(f"{directory}: not a loadable CTranslate2 model ({e})") from None
 
-    def search(src_ids: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
-        return translate_ids_ct2(translator, tokenizer, src_ids, replace(config, decode=decode))
+    def search(src_ids: list[list[int]], decode: DecodeConfig, guides: Guides = None):
+        settings = replace(config, decode=decode)
+        return translate_ids_ct2(translator, tokenizer, src_ids, settings, guides)
 
     return Engine(tokenizer, config, search)
 
@@ -138,7 +190,11 @@ def ct2_compute_type(ctranslate2, precision: str, device: torch.device) -> str:
 
 
 def translate_ids_ct2(
-    translator, tokenizer: Tokenizer, src_ids: list[list[int]], config: Config
+    translator,
+    tokenizer: Tokenizer,
+    src_ids: list[list[int]],
+    config: Config,
+    guides: Guides = None,
 ) -> list[list[Hypothesis]]:
     """CTranslate2's search with `config.decode`'s settings; empty sources stay empty.
 
@@ -147,42 +203,58 @@ def translate_ids_ct2(
     limit are searched again under it (one call per limit; few sentences on a trained model).
     Its length penalty divides by len ** alpha, not GNMT's ((5 + len) / 6) ** alpha, and its
     beam search never returns an empty output: with alpha 0 and `decode.min_len` 1 its search
-    is ours. Its scores are turned into ours (`_tf_hypotheses`).
+    is ours. Its scores are turned into ours (`_tf_hypotheses`). A guide's prefix is its
+    `target_prefix` (it has no constraints: `Engine.guides` refuses them first).
     """
     results = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
-    limits = {i: _length_limit(len(ids), config) for i, ids in enumerate(src_ids) if ids}
+    limits = {i: length_limit(len(ids), config) for i, ids in enumerate(src_ids) if ids}
     if not limits:
         return results
     rows = list(limits)
-    _search_ct2(translator, tokenizer, src_ids, rows, max(limits.values()), config, results)
+    guides = guides or [None] * len(src_ids)
+    longest = max(limits.values())
+    _search_ct2(translator, tokenizer, src_ids, rows, longest, config, results, guides)
     over: dict[int, list[int]] = {}
     for i in rows:
         if len(results[i][0].tokens) > limits[i]:
             over.setdefault(limits[i], []).append(i)
     for limit, again in over.items():
-        _search_ct2(translator, tokenizer, src_ids, again, limit, config, results)
+        _search_ct2(translator, tokenizer, src_ids, again, limit, config, results, guides)
     return results
 
 
-def _length_limit(src_len: int, config: Config) -> int:
+def length_limit(src_len: int, config: Config) -> int:
     """The most target tokens of a source of `src_len` pieces, as `search_batch` computes it."""
     decode = config.decode
     limit = int(decode.max_len_a * src_len + decode.max_len_b)
     return max(1, min(limit, config.model.max_positions - 1))
 
 
-def _search_ct2(translator, tokenizer, src_ids, rows, limit, config, results) -> None:
-    """Search `rows` of `src_ids` under one length limit; their hypotheses into `results`."""
+def _search_ct2(translator, tokenizer, src_ids, rows, limit, config, results, guides) -> None:
+    """Search `rows` of `src_ids` under one length limit; their hypotheses into `results`.
+    Sampling draws with CTranslate2's own generator, seeded by `decode.seed` at each call: the
+    same input in the same batches gives the same samples (not tf's samples: another sampler)."""
+    import ctranslate2
+
     decode: DecodeConfig = config.decode
-    # Greedy search has no length penalty (its choices never depend on one): the scores
-    # CTranslate2 returns are then the plain sums.
-    alpha = 0.0 if is_greedy(decode) else decode.length_penalty
     sources = [tokenizer.src_id_pieces(src_ids[i]) for i in rows]
+    if decode.sampling:  # beam_size samples of each sentence, then the nbest best (as tf)
+        ctranslate2.set_random_seed(decode.seed)
+        search = dict(
+            beam_size=1,
+            num_hypotheses=decode.beam_size,
+            sampling_topk=max(decode.sampling_topk, 0),  # its 0 is every token, our -1
+            sampling_topp=decode.sampling_topp,
+            sampling_temperature=decode.sampling_temperature,
+        )
+    else:
+        search = dict(beam_size=decode.beam_size, num_hypotheses=decode.nbest)
+    prefixes = [tokenizer.tgt_pieces(list(guides[i].prefix)) if guides[i] else None for i in rows]
     found = translator.translate_batch(
         sources,
-        beam_size=decode.beam_size,
-        num_hypotheses=decode.nbest,
-        length_penalty=alpha,
+        target_prefix=prefixes if any(prefixes) else None,
+        **search,
+        length_penalty=_ct2_alpha(decode),
         max_decoding_length=limit,
         min_decoding_length=decode.min_len,
         no_repeat_ngram_size=decode.no_repeat_ngram_size,
@@ -193,7 +265,14 @@ def _search_ct2(translator, tokenizer, src_ids, rows, limit, config, results) ->
         return_scores=True,
     )
     for i, source, result in zip(rows, sources, found):
-        results[i] = _tf_hypotheses(translator, tokenizer, source, result, limit, decode)
+        hyps = _tf_hypotheses(translator, tokenizer, source, result, limit, decode)
+        results[i] = hyps[: decode.nbest]
+
+
+def _ct2_alpha(decode: DecodeConfig) -> float:
+    """The length penalty CTranslate2 searches with. Greedy search and sampling have none
+    (their choices never depend on one): the scores it returns are then the plain sums."""
+    return 0.0 if is_greedy(decode) or decode.sampling else decode.length_penalty
 
 
 def _tf_hypotheses(translator, tokenizer, source, result, limit, decode) -> list[Hypothesis]:
@@ -211,7 +290,7 @@ def _tf_hypotheses(translator, tokenizer, source, result, limit, decode) -> list
             (forced,) = translator.score_batch([source], [pieces], max_input_length=0)
             log_prob = sum(forced.log_probs)
         else:
-            log_prob = score * (len(pieces) + 1) ** alpha
+            log_prob = score * (len(pieces) + 1) ** _ct2_alpha(decode)
         tf_score = (
             log_prob if alpha == 0 else log_prob / gnmt_length_penalty(len(pieces) + 1, alpha)
         )

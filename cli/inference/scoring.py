@@ -12,6 +12,8 @@ from data.errors import InputError
 
 def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
     """Corpus BLEU and chrF of detokenised hypotheses against one reference each."""
+    if not references:  # sacrebleu would fail with an IndexError
+        raise InputError("no sentences to score")
     bleu, chrf = BLEU(), CHRF()
     b = bleu.corpus_score(hypotheses, [references])
     c = chrf.corpus_score(hypotheses, [references])
@@ -26,5 +28,8 @@ def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
 
 
 def check_parallel(src: Path, src_lines: list[str], ref: Path, ref_lines: list[str]) -> None:
+    """Refuse two files of different lengths, or nothing to score at all."""
+    if not ref_lines:
+        raise InputError(f"{ref}: no lines: nothing to score")
     if len(src_lines) != len(ref_lines):
         raise InputError(f"{src} has {len(src_lines)} lines but {ref} has {len(ref_lines)}")

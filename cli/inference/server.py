@@ -2,6 +2,8 @@
 translates those of concurrent clients together.
 
     POST /translate  {"text": ["...", ...], "beam": 5}  ->  {"translations": ["...", ...]}
+                     an item of "text" may be {"text": "...", "prefix": "...", "constraints":
+                     ["...", ...]}: its translation starts with prefix and holds each constraint
     GET  /health     what is served: model, engine, languages, default beam; 503 if it is down
     GET  /           a page where a person types a sentence and reads its translation
 
@@ -22,7 +24,8 @@ from pathlib import Path
 
 from cli.config import DecodeConfig
 from cli.inference.batcher import Batcher, QueueFull
-from cli.inference.engines import Engine
+from cli.inference.engines import Engine, length_limit
+from cli.inference.requests import Guide, Request, encode_guide, request_of
 from data.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -61,7 +64,9 @@ def check_engine(engine: Engine) -> None:
         raise InputError(f"the server's beam (--beam, decode.beam_size) must be {problem}")
 
 
-def parse_request(body: bytes, engine: Engine, limits: Limits) -> tuple[list[str], DecodeConfig]:
+def parse_request(
+    body: bytes, engine: Engine, limits: Limits
+) -> tuple[list[Request], DecodeConfig]:
     """The lines and decode settings a POST /translate body asks for, or a RequestError."""
     try:
         request = json.loads(body)
@@ -84,31 +89,46 @@ def parse_request(body: bytes, engine: Engine, limits: Limits) -> tuple[list[str
     return lines, replace(engine.config.decode, beam_size=beam, nbest=1)
 
 
-def parse_text(text: object, limits: Limits) -> list[str]:
-    """The sentences of "text", one line each, or a RequestError naming the bad item."""
+def parse_text(text: object, limits: Limits) -> list[Request]:
+    """The sentences of "text", each a string or {"text", "prefix", "constraints"} (one line
+    each: a line break inside one is a space), or a RequestError naming the bad item."""
     if not isinstance(text, list):
         raise RequestError(400, f'"text" must be a list of sentences, got {type(text).__name__}')
     if len(text) > limits.max_lines:
         raise RequestError(413, f"{len(text)} sentences; at most {limits.max_lines} a request")
-    for i, line in enumerate(text):
-        if not isinstance(line, str):
-            raise RequestError(400, f"text[{i}] must be a string, got {type(line).__name__}")
-        try:  # JSON's "\ud800" escapes decode to lone surrogates, which no tokenizer takes
-            line.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise RequestError(400, f"text[{i}]: a lone surrogate at character {e.start}") from None
-    # One sentence per item: a line break inside one is a space, as in `tf distill`.
-    return [" ".join(line.split()) for line in text]
+    try:
+        return [request_of(item, f"text[{i}]") for i, item in enumerate(text)]
+    except ValueError as e:
+        raise RequestError(400, str(e)) from None
 
 
-def encode_within_limit(engine: Engine, lines: list[str]) -> list[list[int]]:
-    """Source ids of `lines`; a sentence longer than the model takes is a 400, not truncated."""
-    ids = engine.tokenizer.encode_src(lines)
+def encode_within_limit(engine: Engine, requests: list[Request]) -> list[list[int]]:
+    """Source ids of the requests; a sentence longer than the model takes is a 400, not cut."""
+    ids = engine.tokenizer.encode_src([r.text for r in requests])
     limit = engine.config.model.max_positions
     for i, seq in enumerate(ids):
         if len(seq) > limit:
             raise RequestError(400, f"text[{i}]: {len(seq)} pieces, over the model's {limit}")
     return ids
+
+
+def guides_of(
+    engine: Engine, requests: list[Request], src_ids: list[list[int]], decode: DecodeConfig
+) -> list[Guide | None] | None:
+    """The requests' prefixes and constraints as ids (None when none asks any), or a 400."""
+    if not any(r.prefix or r.constraints for r in requests):
+        return None
+    guides = []
+    for i, (request, ids) in enumerate(zip(requests, src_ids)):
+        if request.constraints and decode.sampling:
+            raise RequestError(400, f"text[{i}]: constraints need beam search, not sampling")
+        limit = length_limit(len(ids), replace(engine.config, decode=decode))
+        try:
+            ours = engine.model is not None  # CTranslate2 has no constraints
+            guides.append(encode_guide(engine.tokenizer, request, limit, f"text[{i}]", ours))
+        except InputError as e:
+            raise RequestError(400, str(e)) from None
+    return guides
 
 
 def check_json_body(request) -> None:
@@ -226,12 +246,13 @@ def build_app(
 async def translate_request(request, engine: Engine, batcher: Batcher, limits: Limits) -> list[str]:
     """One POST /translate: checked, queued, awaited, decoded."""
     check_json_body(request)
-    lines, decode = parse_request(await read_body(request), engine, limits)
-    if not lines:
+    requests, decode = parse_request(await read_body(request), engine, limits)
+    if not requests:
         return []
-    src_ids = encode_within_limit(engine, lines)
+    src_ids = encode_within_limit(engine, requests)
+    guides = guides_of(engine, requests, src_ids, decode)
     try:
-        done = batcher.submit(src_ids, decode)
+        done = batcher.submit(src_ids, decode, guides)
     except QueueFull as e:
         raise RequestError(503, f"busy: {e}; try again", {"Retry-After": RETRY_AFTER}) from None
     found = await answer(request, done)

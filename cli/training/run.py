@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import re
 import shutil
@@ -270,31 +269,7 @@ def train_tokenizer_for(config: Config, corpus, out_dir: Path) -> Tokenizer:
     return tokenizer
 
 
-# ------------------------------------------------------------------------ metrics and RNG state
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """Drop records after `step`: a killed run wrote them; the resumed run writes them anew."""
-    if not path.exists():
-        return
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if record_step(line) <= step]
-    if len(kept) != len(lines):
-        with atomic_output(path) as f:
-            f.write("".join(kept))
-
-
-def record_step(line: str) -> float:
-    """The step of a metrics line; a line cut short by a kill counts as after every step."""
-    try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError):
-        return math.inf
-
-
-def append_metrics(run: RunDir, record: dict[str, Any]) -> None:
-    with open(run.metrics, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+# ------------------------------------------------------------------------ RNG state
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:

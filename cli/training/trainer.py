@@ -41,17 +41,16 @@ from cli.training.checkpoint import (
 )
 from cli.training.data import joined, load_training_corpora, prepare_data
 from cli.training.ema import WeightAverage
+from cli.training.metrics import MetricsLog
 from cli.training.optim import apply_settings, budget_used, build_optimizer
 from cli.training.prefetch import Fetched, Prefetcher, training_batches
 from cli.training.preflight import check_settings
 from cli.training.run import (
     RunDir,
     TrainingError,
-    append_metrics,
     prepare_tokenizer,
     rng_state,
     set_rng_state,
-    truncate_metrics,
 )
 from data.batching import Batch
 from model.loss import label_smoothed_cross_entropy
@@ -113,10 +112,12 @@ class Trainer:
         self.dtype = autocast_dtype(t.precision, self.device)
         self.scaler = torch.amp.GradScaler(enabled=self.dtype == torch.float16)
         self.batch_stream: Prefetcher | Generator[Fetched, None, None] | None = None
+        self.metrics: MetricsLog | None = None  # the main rank's (restore opens it on resume)
         try:
             if resume:
                 self.restore(run.checkpoints / "last.pt")
             else:
+                self.open_metrics(None)
                 self.start_batches()
                 # Dropout differs between ranks; the initial weights do not (DDP broadcasts
                 # rank 0's).
@@ -151,7 +152,17 @@ class Trainer:
             net = torch.compile(net)
         return net
 
+    def open_metrics(self, resumed_at: int | None) -> None:
+        if self.dist.main:
+            self.metrics = MetricsLog(self.run.path, self.config.train.tensorboard, resumed_at)
+
     def close(self) -> None:
+        """Stop the batch stream and close the metrics' event files."""
+        self.stop_batches()
+        if self.metrics is not None:
+            self.metrics.close()
+
+    def stop_batches(self) -> None:
         """Stop the batch stream: on a GPU its thread, which holds the training iterator (its
         Arrow tables) and pinned batches, would otherwise outlive the trainer."""
         if self.batch_stream is not None:
@@ -244,8 +255,7 @@ class Trainer:
             raise TrainingError(f"{path}: cannot continue its batches: {e}") from None
         set_rng_state(mine["rng"], self.device)
         self.start_batches()
-        if self.dist.main:
-            truncate_metrics(self.run.metrics, ckpt["step"])
+        self.open_metrics(ckpt["step"])
         log.info("resumed from %s at step %d", path, ckpt["step"])
 
     # -- one update
@@ -270,7 +280,7 @@ class Trainer:
         # Where the batches consumed so far leave the iterator (a prefetching thread runs ahead).
         self.iterator_state = it.state_dict()
         self.epochs = it.epoch + it.position / len(it)
-        self.close()  # a stream started before (a restore after start) stops first
+        self.stop_batches()  # a stream started before (a restore after start) stops first
         self.batch_stream = training_batches(it, prefetch=self.device.type == "cuda")
 
     def next_batches(self) -> list[Batch]:
@@ -593,7 +603,9 @@ class Trainer:
             metrics = self.validate()  # them with the stop flag of the next update
             best = self.record_validation(metrics)
             record = {"step": p.step, "epoch": round(self.epochs_done(), 3), **metrics}
-            append_metrics(self.run, {**record, "best": p.best, "wall": round(p.elapsed, 1)})
+            if self.metrics is not None:
+                full = {**record, "best": p.best, "wall": round(p.elapsed, 1)}
+                self.metrics.write(full, scalars=metrics)
             log.info("step %d: %s", p.step, "  ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
         names = ["last.pt"] + (["best.pt"] if best else [])
         if t.save_every and p.step % t.save_every == 0:
@@ -617,8 +629,8 @@ class Trainer:
             "tokens_per_s": tokens / window["time"],
             "wall": round(p.elapsed, 1),
         }
-        if self.dist.main:
-            append_metrics(self.run, record)
+        if self.metrics is not None:
+            self.metrics.write(record, scalars=[k for k in record if k not in ("step", "wall")])
         for k in window:
             window[k] = 0 if k == "updates" else 0.0
         return record

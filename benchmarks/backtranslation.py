@@ -1,0 +1,175 @@
+"""What back-translation buys on the bundled corpus (issue: back-translation).
+
+The training pairs are split in two by verse number: half A (odd verses) keeps its pairs,
+half B (even verses) only its English, the monolingual text. Every run below is `tf train` as
+launched, on the same recipe (`configs/demo.yaml`) for the same number of updates (not the same
+seconds: this machine is shared, and an update budget keeps the runs comparable under load):
+
+    reverse   en->es on A                 (translates B's English)
+    A         es->en on A alone
+    beam      A + B back-translated with beam 5, tagged <bt>
+    sampled   A + B back-translated by sampling (top-k 10), tagged <bt>
+    untagged  A + B sampled, untagged
+    ceiling   A + B with its real Spanish
+
+The back-translations run through CTranslate2 in int8 (the fastest engine here) when it is
+installed, else through the reverse run in PyTorch; both are timed. Each forward run is scored
+once on the test set (beam and length penalty as the recipe). Results: bench-out/bt/results.json.
+
+    python -m benchmarks.backtranslation split DIR      # the halves only (make backtranslate)
+    python -m benchmarks.backtranslation run [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.common import OUT, ROOT, print_table
+
+BUNDLED = ROOT / "data" / "corpora" / "bible-es-en"
+RECIPE = ROOT / "configs" / "demo.yaml"
+
+
+def split(out: Path) -> None:
+    """OUT/half-a.{es,en} (odd verses) and OUT/half-b.{es,en} (even verses) of the bundled
+    training pairs; half-b.en is the monolingual text, half-b.es the ceiling's real sources."""
+
+    def read(name: str) -> list[str]:
+        with gzip.open(BUNDLED / name, "rt", encoding="utf-8") as f:
+            return f.read().splitlines()
+
+    ids, es, en = read("train.ids.gz"), read("train.es.gz"), read("train.en.gz")
+    odd = [int(verse.rsplit(".", 1)[1]) % 2 == 1 for verse in ids]
+    out.mkdir(parents=True, exist_ok=True)
+    for half, keep in (("a", True), ("b", False)):
+        for lang, lines in (("es", es), ("en", en)):
+            text = "".join(line + "\n" for line, o in zip(lines, odd) if o == keep)
+            partial = out / f".half-{half}.{lang}.partial"
+            partial.write_text(text, encoding="utf-8")
+            partial.rename(out / f"half-{half}.{lang}")  # half-b.en last: there means whole
+
+
+def tf(*args: str) -> float:
+    """Run `tf ARGS` as a user does; its seconds."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], check=True, cwd=ROOT)
+    return time.perf_counter() - started
+
+
+def train(out: Path, steps: int, *sets: str) -> None:
+    if (out / "checkpoints" / "last.pt").is_file():
+        return  # done in an earlier invocation
+    budget = ["train.max_time=0", f"train.max_steps={steps}", "train.save_every=0"]
+    tf(
+        "train",
+        RECIPE,
+        "--out",
+        out,
+        "--force",
+        *[a for s in [*budget, *sets] for a in ("--set", s)],
+    )
+
+
+def corpora(*entries: str) -> str:
+    return f"data.train=[{', '.join(entries)}]"
+
+
+def run(steps: int, out: Path = OUT / "bt") -> dict:
+    split(out)
+    results: dict = {"steps": steps, "backtranslation": {}, "runs": {}}
+    reverse = out / "reverse"
+    train(reverse, steps, f"data.train={out / 'half-a'}", "data.src_lang=en", "data.tgt_lang=es")
+    engine = str(reverse)
+    try:
+        import ctranslate2  # noqa: F401
+
+        engine = str(out / "reverse-ct2-int8")
+        if not Path(engine, "model.bin").is_file():
+            tf("export", reverse, "--to", "ctranslate2", "--quantization", "int8", "-o", engine)
+    except ImportError:
+        pass
+    searches = {
+        "beam": ["--beam", "5"],
+        "sampled": ["--greedy", "--set", "decode.sampling_topk=10"],
+    }
+    for name, search in searches.items():
+        synthetic = out / f"bt-{name}"
+        seconds = tf("backtranslate", engine, out / "half-b.en", "--out", synthetic, *search)
+        lines = sum(1 for _ in open(out / "half-b.en", encoding="utf-8"))
+        results["backtranslation"][name] = {
+            "engine": "ctranslate2 int8" if "ct2" in engine else "pytorch",
+            "seconds": seconds,
+            "lines_per_s": lines / seconds,
+        }
+    a = f'{{corpus: "{out / "half-a"}"}}'
+    forward = {
+        "A": [f"data.train={out / 'half-a'}"],
+        "beam": [corpora(a, f'{{corpus: "{out / "bt-beam" / "train"}", tag: "<bt>"}}')],
+        "sampled": [corpora(a, f'{{corpus: "{out / "bt-sampled" / "train"}", tag: "<bt>"}}')],
+        "untagged": [corpora(a, f'{{corpus: "{out / "bt-sampled" / "train"}"}}')],
+        "ceiling": [corpora(a, f'{{corpus: "{out / "half-b"}"}}')],
+    }
+    for name, sets in forward.items():
+        run_dir = out / f"forward-{name}"
+        train(run_dir, steps, *sets)
+        scores = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cli.main",
+                "eval",
+                str(run_dir),
+                "--json",
+                "--src",
+                str(BUNDLED / "test.es"),
+                "--ref",
+                str(BUNDLED / "test.en"),
+            ],
+            check=True,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout
+        result = json.loads(scores)
+        data = json.loads((run_dir / "data.json").read_text())
+        results["runs"][name] = {
+            "bleu": result["bleu"],
+            "chrf": result["chrf"],
+            "bleu_signature": result["bleu_signature"],
+            "kept_pairs": [c["kept"] for c in data["corpora"]],
+        }
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+def print_results(results: dict) -> None:
+    rows = [("run", "test BLEU", "chrF", "pairs kept per corpus")]
+    for name, r in results["runs"].items():
+        rows.append((name, f"{r['bleu']:.2f}", f"{r['chrf']:.2f}", str(r["kept_pairs"])))
+    print_table(rows)
+    for name, r in results["backtranslation"].items():
+        speed = f"{r['seconds']:.0f} s, {r['lines_per_s']:.0f} lines/s"
+        print(f"back-translation {name}: {speed}, {r['engine']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("split").add_argument("out", type=Path)
+    measure = sub.add_parser("run")
+    measure.add_argument("--steps", type=int, default=1000)
+    args = parser.parse_args()
+    if args.command == "split":
+        split(args.out)
+    else:
+        print_results(run(args.steps))
+
+
+if __name__ == "__main__":
+    main()

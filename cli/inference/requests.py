@@ -1,0 +1,112 @@
+"""What a user asks of one sentence beyond its text: a target prefix (the translation starts
+with it) and terminology constraints (each phrase appears in it), as `tf translate
+--input-format jsonl` reads them, one object a line,
+
+    {"text": "El perro come.", "prefix": "The dog", "constraints": ["eats"]}
+
+and `tf serve` per sentence. Here they are checked and turned into piece ids (`Guide`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from data.errors import InputError
+from data.tokenizer import Tokenizer
+
+FIELDS = ("text", "prefix", "constraints")
+
+
+@dataclass(frozen=True)
+class Request:
+    text: str
+    prefix: str = ""
+    constraints: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Guide:
+    """A request's prefix and constraints as target piece ids."""
+
+    prefix: tuple[int, ...] = ()
+    constraints: tuple[tuple[int, ...], ...] = ()
+
+
+def request_of(item: object, where: str) -> Request:
+    """A Request from a JSON value (a string is the text alone); ValueError saying what is wrong,
+    with `where` (e.g. "text[2]") naming the item."""
+    if isinstance(item, str):
+        return Request(_text(item, where))
+    if not isinstance(item, dict):
+        raise ValueError(f"{where} must be a string or an object, got {type(item).__name__}")
+    unknown = sorted(set(item) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}: only {', '.join(FIELDS)}")
+    if not isinstance(item.get("text"), str):
+        raise ValueError(f'{where}: "text" must be a string')
+    prefix = item.get("prefix", "")
+    if not isinstance(prefix, str):
+        raise ValueError(f'{where}: "prefix" must be a string, got {type(prefix).__name__}')
+    constraints = item.get("constraints", [])
+    if not isinstance(constraints, list) or not all(isinstance(c, str) for c in constraints):
+        raise ValueError(f'{where}: "constraints" must be a list of strings')
+    return Request(
+        _text(item["text"], f"{where}.text"),
+        _text(prefix, f"{where}.prefix"),
+        tuple(_text(c, f"{where}.constraints") for c in constraints),
+    )
+
+
+def _text(text: str, where: str) -> str:
+    """One line of text: its white space collapsed; a lone surrogate (JSON's "\\ud800") refused,
+    for no tokenizer takes it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{where}: a lone surrogate at character {e.start}") from None
+    return " ".join(text.split())
+
+
+def read_requests(lines: Iterable[str], source: str) -> Iterator[Request]:
+    """`tf translate --input-format jsonl`: one JSON object (or string) a line."""
+    for number, line in enumerate(lines, start=1):
+        try:
+            item = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise InputError(f"{source}:{number}: not a JSON object ({e})") from None
+        try:
+            yield request_of(item, f"{source}:{number}")
+        except ValueError as e:
+            raise InputError(str(e)) from None
+
+
+def encode_guide(
+    tokenizer: Tokenizer, request: Request, max_len: int, where: str, constraints_ok: bool = True
+) -> Guide | None:
+    """The request's Guide (None when it asks nothing), checked: every constraint spelled by
+    known pieces, and the prefix and constraints within the output's length limit `max_len`.
+
+    Raises:
+        InputError: naming `where` (the line) and what is wrong.
+    """
+    if not request.prefix and not request.constraints:
+        return None
+    if request.constraints and not constraints_ok:
+        raise InputError(
+            f"{where}: CTranslate2 has no lexical constraints; translate with the run itself"
+        )
+    prefix, *phrases = tokenizer.encode_tgt([request.prefix, *request.constraints])
+    for text, ids in zip(request.constraints, phrases):
+        if not ids:
+            raise InputError(f"{where}: an empty constraint")
+        if tokenizer.unk_id in ids:
+            raise InputError(f"{where}: the constraint {text!r} has pieces the tokenizer lacks")
+    needed = len(prefix) + sum(map(len, phrases))
+    if needed > max_len:
+        raise InputError(
+            f"{where}: the prefix and constraints take {needed} pieces, over this line's "
+            f"length limit of {max_len} (decode.max_len_a x source length + decode.max_len_b)"
+        )
+    return Guide(tuple(prefix), tuple(tuple(ids) for ids in phrases))
