@@ -109,7 +109,8 @@ def load_engine(
         member, member_tokenizer, _ = load_for_inference(other, device)
         if member_tokenizer.digest() != tokenizer.digest():
             raise InputError(
-                f"{other}: its tokenizer is not {runs[0]}'s; an ensemble needs one tokenizer"
+                f"{other}: its tokenizer is not {runs[0]}'s; an ensemble needs one tokenizer "
+                f"(train the others with --set data.tokenizer={runs[0]}/tokenizer)"
             )
         models.append(member)
     config = with_overrides(config, overrides)
