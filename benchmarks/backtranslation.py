@@ -11,13 +11,16 @@ seconds: this machine is shared, and an update budget keeps the runs comparable 
     sampled   A + B back-translated by sampling (top-k 10), tagged <bt>
     untagged  A + B sampled, untagged
     ceiling   A + B with its real Spanish
+    beam-w2   as beam, with A's weight 2 (its pairs seen twice as often: fairseq's
+              --upsample-primary)
 
 The back-translations run through CTranslate2 in int8 (the fastest engine here) when it is
 installed, else through the reverse run in PyTorch; both are timed. Each forward run is scored
-once on the test set (beam and length penalty as the recipe). Results: bench-out/bt/results.json.
+once on the test set, and on the dev set, where choices are made (beam and length penalty as the
+recipe). Results: bench-out/bt/results.json; a second invocation keeps what the first made.
 
     python -m benchmarks.backtranslation split DIR      # the halves only (make backtranslate)
-    python -m benchmarks.backtranslation run [--steps N]
+    python -m benchmarks.backtranslation run [--steps N] [--runs A,beam,...] [--seed N]
 """
 
 from __future__ import annotations
@@ -80,9 +83,17 @@ def corpora(*entries: str) -> str:
     return f"data.train=[{', '.join(entries)}]"
 
 
-def run(steps: int, out: Path = OUT / "bt") -> dict:
+def run(
+    steps: int, names: list[str] | None = None, seed: int | None = None, out: Path = OUT / "bt"
+) -> dict:
+    """Train and score the forward runs `names` (all when None), and what they need; results
+    of earlier invocations in OUT/results.json are kept. With `seed`, the forward runs train
+    with that `train.seed` (the reverse model and the back-translations stay the same): runs
+    NAME-seedN, for the spread between seeds."""
     split(out)
-    results: dict = {"steps": steps, "backtranslation": {}, "runs": {}}
+    saved = out / "results.json"
+    results: dict = json.loads(saved.read_text()) if saved.is_file() else {}
+    results = {"backtranslation": {}, "runs": {}, **results, "steps": steps}
     reverse = out / "reverse"
     train(reverse, steps, f"data.train={out / 'half-a'}", "data.src_lang=en", "data.tgt_lang=es")
     engine = str(reverse)
@@ -94,19 +105,6 @@ def run(steps: int, out: Path = OUT / "bt") -> dict:
             tf("export", reverse, "--to", "ctranslate2", "--quantization", "int8", "-o", engine)
     except ImportError:
         pass
-    searches = {
-        "beam": ["--beam", "5"],
-        "sampled": ["--greedy", "--set", "decode.sampling_topk=10"],
-    }
-    for name, search in searches.items():
-        synthetic = out / f"bt-{name}"
-        seconds = tf("backtranslate", engine, out / "half-b.en", "--out", synthetic, *search)
-        lines = sum(1 for _ in open(out / "half-b.en", encoding="utf-8"))
-        results["backtranslation"][name] = {
-            "engine": "ctranslate2 int8" if "ct2" in engine else "pytorch",
-            "seconds": seconds,
-            "lines_per_s": lines / seconds,
-        }
     a = f'{{corpus: "{out / "half-a"}"}}'
     forward = {
         "A": [f"data.train={out / 'half-a'}"],
@@ -114,44 +112,69 @@ def run(steps: int, out: Path = OUT / "bt") -> dict:
         "sampled": [corpora(a, f'{{corpus: "{out / "bt-sampled" / "train"}", tag: "<bt>"}}')],
         "untagged": [corpora(a, f'{{corpus: "{out / "bt-sampled" / "train"}"}}')],
         "ceiling": [corpora(a, f'{{corpus: "{out / "half-b"}"}}')],
+        "beam-w2": [
+            corpora(
+                f'{{corpus: "{out / "half-a"}", weight: 2}}',
+                f'{{corpus: "{out / "bt-beam" / "train"}", tag: "<bt>"}}',
+            )
+        ],
     }
-    for name, sets in forward.items():
+    names = names or list(forward)
+    unknown = set(names) - set(forward)
+    if unknown:
+        raise SystemExit(f"unknown runs {sorted(unknown)}; known: {', '.join(forward)}")
+    searches = {
+        "beam": ["--beam", "5"],
+        "sampled": ["--greedy", "--set", "decode.sampling_topk=10"],
+    }
+    for name, search in searches.items():
+        if not any(f"bt-{name}" in " ".join(forward[run]) for run in names):
+            continue
+        synthetic = out / f"bt-{name}"
+        if (synthetic / "backtranslate.json").is_file() and name in results["backtranslation"]:
+            continue  # made (and timed) by an earlier invocation
+        seconds = tf("backtranslate", engine, out / "half-b.en", "--out", synthetic, *search)
+        lines = sum(1 for _ in open(out / "half-b.en", encoding="utf-8"))
+        results["backtranslation"][name] = {
+            "engine": "ctranslate2 int8" if "ct2" in engine else "pytorch",
+            "seconds": seconds,
+            "lines_per_s": lines / seconds,
+        }
+    for base in names:
+        name = base if seed is None else f"{base}-seed{seed}"
         run_dir = out / f"forward-{name}"
-        train(run_dir, steps, *sets)
-        scores = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "cli.main",
-                "eval",
-                str(run_dir),
-                "--json",
-                "--src",
-                str(BUNDLED / "test.es"),
-                "--ref",
-                str(BUNDLED / "test.en"),
-            ],
-            check=True,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout
-        result = json.loads(scores)
+        seeded = [] if seed is None else [f"train.seed={seed}"]
+        train(run_dir, steps, *forward[base], *seeded)
+        if "dev_bleu" in results["runs"].get(name, {}):
+            continue  # scored by an earlier invocation
+        dev, test = evaluate(run_dir, "dev"), evaluate(run_dir, "test")
         data = json.loads((run_dir / "data.json").read_text())
         results["runs"][name] = {
-            "bleu": result["bleu"],
-            "chrf": result["chrf"],
-            "bleu_signature": result["bleu_signature"],
+            "bleu": test["bleu"],
+            "chrf": test["chrf"],
+            "bleu_signature": test["bleu_signature"],
+            "dev_bleu": dev["bleu"],  # what choices are made on
+            "dev_chrf": dev["chrf"],
             "kept_pairs": [c["kept"] for c in data["corpora"]],
         }
-        (out / "results.json").write_text(json.dumps(results, indent=1))
+        saved.write_text(json.dumps(results, indent=1))
     return results
 
 
+def evaluate(run_dir: Path, split: str) -> dict:
+    """`tf eval RUN` on the bundled `split` (the recipe's beam and length penalty)."""
+    command = [sys.executable, "-m", "cli.main", "eval", str(run_dir), "--json"]
+    command += ["--src", str(BUNDLED / f"{split}.es"), "--ref", str(BUNDLED / f"{split}.en")]
+    done = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
+    return json.loads(done.stdout)
+
+
 def print_results(results: dict) -> None:
-    rows = [("run", "test BLEU", "chrF", "pairs kept per corpus")]
+    rows = [("run", "dev BLEU", "test BLEU", "test chrF", "pairs kept per corpus")]
     for name, r in results["runs"].items():
-        rows.append((name, f"{r['bleu']:.2f}", f"{r['chrf']:.2f}", str(r["kept_pairs"])))
+        dev = f"{r['dev_bleu']:.2f}" if "dev_bleu" in r else "-"
+        scores = (dev, f"{r['bleu']:.2f}", f"{r['chrf']:.2f}")
+        rows.append((name, *scores, str(r["kept_pairs"])))
     print_table(rows)
     for name, r in results["backtranslation"].items():
         speed = f"{r['seconds']:.0f} s, {r['lines_per_s']:.0f} lines/s"
@@ -164,11 +187,14 @@ def main() -> None:
     sub.add_parser("split").add_argument("out", type=Path)
     measure = sub.add_parser("run")
     measure.add_argument("--steps", type=int, default=1000)
+    measure.add_argument("--runs", help="comma-separated forward runs (default: all)")
+    measure.add_argument("--seed", type=int, help="train.seed of the forward runs")
     args = parser.parse_args()
     if args.command == "split":
         split(args.out)
     else:
-        print_results(run(args.steps))
+        names = args.runs.split(",") if args.runs else None
+        print_results(run(args.steps, names, args.seed))
 
 
 if __name__ == "__main__":

@@ -365,9 +365,11 @@ class BatchIterator:
         self.epoch = 0
         self.position = 0  # batches of this epoch already yielded to this rank
 
-        # int32: 4 bytes a pair and side, what each process holds of a corpus of any size.
-        self._src_cost = self.src.lengths().astype(np.int32)
-        self._tgt_cost = (self.tgt.lengths() + 1).astype(np.int32)  # BOS/EOS
+        # What each process holds of a corpus of any size: 2 bytes a pair and side while the
+        # lengths fit (4 beyond), and a 4-byte row index a pair in the epoch's plan.
+        src_cost, tgt_cost = self.src.lengths(), self.tgt.lengths() + 1  # + 1: BOS/EOS
+        cost_type = np.uint16 if max(src_cost.max(), tgt_cost.max()) < 2**16 else np.int32
+        self._src_cost, self._tgt_cost = src_cost.astype(cost_type), tgt_cost.astype(cost_type)
         self.pool_size = _pool_size(
             self._src_cost, self._tgt_cost, max_tokens, max_sentences, pool_batches
         )
@@ -442,6 +444,7 @@ class BatchIterator:
             order = rng.permutation(len(self.src) if order is None else order)
         elif order is None:
             order = np.arange(len(self.src))
+        order = order.astype(np.int32 if len(self.src) < 2**31 else np.int64)
         n = len(order)
         max_sentences = self.max_sentences or sys.maxsize
         batches = []

@@ -16,9 +16,11 @@ Spec forms (see `load_corpus`):
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,10 +28,11 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from datasets.utils import tqdm as datasets_tqdm
 
 from data.batching import RaggedIds
 from data.errors import InputError
-from data.text import open_bytes, read_lines
+from data.text import open_bytes, read_line_blocks
 
 if TYPE_CHECKING:
     from data.tokenizer import Tokenizer
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 BUNDLED_DIR = Path(__file__).parent / "corpora"
 _ARROW_BATCH = 65_536  # rows per Arrow batch when measuring lengths
 _ENCODE_VERSION = "1"  # bump when `encode_corpus` changes, to invalidate its cached outputs
+_LINES_VERSION = "1"  # bump when `_write_lines` changes, likewise
 
 
 def load_corpus(spec: str, src_lang: str, tgt_lang: str) -> datasets.Dataset:
@@ -107,49 +111,55 @@ def _load_parallel(prefix: str, src_lang: str, tgt_lang: str) -> datasets.Datase
 def _load_lines(path: Path) -> datasets.Dataset:
     """One row per line of a UTF-8 text file (gzip read through), column "text".
 
-    The lines are split by `data.text.read_lines`, as `tf translate` and `tf eval` split them,
-    not by the "text" builder, which also breaks lines at a lone carriage return or a Unicode
-    line separator. The result is an Arrow file in the `datasets` cache, keyed by the file's
-    path, size and modification time.
+    The lines are split by `data.text.read_line_blocks`, as `tf translate` and `tf eval` split
+    them, not by the "text" builder, which also breaks lines at a lone carriage return or a
+    Unicode line separator. Decoded a block at a time, they are written as one Arrow file in
+    the `datasets` cache, keyed by the file's path, size and modification time, and memory-
+    mapped from there: a second read of the same file is free, and no process holds the text.
     """
     stat = path.stat()
     empty = InputError(f"{path}: the file is empty")
     if stat.st_size == 0:
         raise empty
-    try:
-        ds = datasets.Dataset.from_generator(
-            _file_lines,
-            features=datasets.Features({"text": datasets.Value("string")}),
-            gen_kwargs={
-                "path": str(path.resolve()),
-                "size": stat.st_size,
-                "mtime": stat.st_mtime_ns,
-            },
-        )
-    except datasets.exceptions.DatasetGenerationError as err:
-        if isinstance(err.__cause__, InputError):
-            raise err.__cause__ from None
-        raise
-    except ValueError as err:  # `datasets` refuses a split without rows (an empty .gz)
-        if "no data" in str(err):
-            raise empty from None
-        raise
+    key = f"lines-v{_LINES_VERSION}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    arrow = Path(datasets.config.HF_DATASETS_CACHE) / "tf-lines" / f"{digest}.arrow"
+    if not arrow.is_file():
+        _write_lines(path, arrow)
+    ds = datasets.Dataset.from_file(str(arrow))
+    if len(ds) == 0:  # an empty .gz
+        raise empty
     return ds
+
+
+def _write_lines(path: Path, arrow: Path) -> None:
+    """The lines of `path` as an Arrow stream file, written whole or not at all (a renamed
+    partial file: a killed start leaves nothing a later one would trust)."""
+    arrow.parent.mkdir(parents=True, exist_ok=True)
+    partial = arrow.with_name(f"{arrow.name}.partial-{os.getpid()}")
+    schema = pa.schema([("text", pa.string())])
+    # `datasets`' own bar: shown when `tf` turns its bars on (on a terminal).
+    bar = datasets_tqdm(
+        total=path.stat().st_size, desc=f"reading {path}", unit="B", unit_scale=True, leave=False
+    )
+    try:
+        with open(path, "rb") as raw, pa.ipc.new_stream(str(partial), schema) as writer:
+            f = gzip.open(raw) if path.suffix == ".gz" else raw  # the bar counts bytes on disk
+            for lines in read_line_blocks(f, str(path)):
+                writer.write_batch(pa.record_batch([pa.array(lines, pa.string())], schema))
+                bar.update(raw.tell() - bar.n)
+        os.replace(partial, arrow)
+    finally:
+        bar.close()
+        partial.unlink(missing_ok=True)
 
 
 def _check_text(path: Path) -> None:
     """InputError at the first line of `path` that is not UTF-8, or for an empty file; one
     streaming pass, nothing kept (the "json" builder reads the file itself)."""
     with open_bytes(path) as f:
-        if sum(1 for _ in read_lines(f, str(path))) == 0:
+        if sum(len(lines) for lines in read_line_blocks(f, str(path))) == 0:
             raise InputError(f"{path}: the file is empty")
-
-
-def _file_lines(path: str, size: int, mtime: int):
-    """Rows {"text": line} of a text file; `size` and `mtime` only key the cache."""
-    with open_bytes(Path(path)) as f:
-        for line in read_lines(f, path):
-            yield {"text": line}
 
 
 def _load_tsv(path: Path, src_lang: str, tgt_lang: str) -> datasets.Dataset:

@@ -143,6 +143,7 @@ class Tokenizer:
 
     def __init__(self, directory: Path, src_path: Path, tgt_path: Path) -> None:
         self.directory = directory
+        self.threads = _THREADS  # SentencePiece's threads per `encode_*` call
         self.joint = src_path == tgt_path
         self._paths = [src_path] if self.joint else [src_path, tgt_path]
         self._src = _load_model(src_path)
@@ -194,9 +195,10 @@ class Tokenizer:
         tagged corpus do (SentencePiece alone would put a lone "▁" piece before it)."""
         texts = list(texts)
         if not self.tags:
-            return self._src.encode(texts, out_type=int, num_threads=_THREADS)
+            return self._src.encode(texts, out_type=int, num_threads=self.threads)
         split = [self._split_tag(text) for text in texts]
-        ids = self._src.encode([body for _, body in split], out_type=int, num_threads=_THREADS)
+        bodies = [body for _, body in split]
+        ids = self._src.encode(bodies, out_type=int, num_threads=self.threads)
         return [row if head is None else [head, *row] for (head, _), row in zip(split, ids)]
 
     def _split_tag(self, text: str) -> tuple[int | None, str]:
@@ -215,7 +217,7 @@ class Tokenizer:
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         """Target sentences to piece ids; no BOS/EOS added."""
-        return self._tgt.encode(list(texts), out_type=int, num_threads=_THREADS)
+        return self._tgt.encode(list(texts), out_type=int, num_threads=self.threads)
 
     def decode_src(self, ids: list[list[int]]) -> list[str]:
         """Source piece ids back to text, one string per row; special ids decode to nothing."""

@@ -210,3 +210,32 @@ def test_a_tagged_weighted_mix_reaches_the_model_and_reports_its_counts(tmp_path
             assert (src[0].item() == tag) == (row >= kept)  # tagged rows, and only they
             assert (src[~pad] == tag).sum().item() == (row >= kept)
     assert firsts[False] == 2 * firsts[True] == 2 * kept
+
+
+def test_a_pool_of_processes_encodes_exactly_as_one_process(
+    tagged_tokenizer, tiny_prefix, tmp_path, monkeypatch
+):
+    """Large corpora are encoded by forked processes, a block each; the ids, their order and
+    the counts must be those of encoding in one process."""
+    ds = load_corpus(tiny_prefix, "es", "en")
+    ds = datasets.concatenate_datasets([ds, ds.select(range(0, 40, 3))])  # duplicates to clean
+    filters = Filters(clean=True, max_len=40, max_len_ratio=1.5, tag="<bt>")
+    one = prepare_corpus(ds, tagged_tokenizer, filters, None, "tiny")
+    threads, pools = tagged_tokenizer.threads, []
+
+    class Spied(prepared_module.ProcessPoolExecutor):
+        def __init__(self, *args, **kwargs):
+            pools.append(args)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(prepared_module, "ProcessPoolExecutor", Spied)
+    monkeypatch.setattr(prepared_module, "_processes", lambda rows: 2)
+    monkeypatch.setattr(prepared_module, "_ENCODE_ROWS", 7)  # many blocks, in flight at once
+    monkeypatch.setattr(prepared_module, "_cache_dir", lambda *args: tmp_path / "pooled")
+    pooled = prepare_corpus(ds, tagged_tokenizer, filters, None, "tiny")
+    assert pools and tagged_tokenizer.threads == threads  # a pool ran; the parent's are back
+    assert pooled.counts == one.counts and one.counts["removed"]["ratio"] > 0
+    assert one.counts["removed"]["duplicate"] > 0  # cleaning's mask applied block by block
+    for side in ("src", "tgt"):
+        assert np.array_equal(getattr(pooled, side).values, getattr(one, side).values)
+        assert np.array_equal(getattr(pooled, side).offsets, getattr(one, side).offsets)

@@ -355,3 +355,30 @@ def test_jsonl_empty_or_not_utf8_is_named(tmp_path, content, fragment):
     with pytest.raises(InputError) as err:
         load_corpus(str(tmp_path / "c.jsonl"), "es", "en")
     assert_input_error(err, str(tmp_path / "c.jsonl"), fragment)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 1 << 20])
+def test_corpora_read_their_lines_in_blocks_as_line_by_line_readers_do(tmp_path, size):
+    """Training reads a block of lines at a time; translation and evaluation a line at a time.
+    At any block size, even one that splits a character or a CRLF, both give the same lines."""
+    import io
+
+    from data.text import read_line_blocks, read_lines
+
+    raw = "\ufeffuno\r\ndos\rtres\n\nñandú €\r\n\ufeffcuatro\r\n\r\nfin\r".encode()
+    lines = [line for block in read_line_blocks(io.BytesIO(raw), "x", size) for line in block]
+    assert lines == list(read_lines(io.BytesIO(raw), "x"))
+    assert lines == ["uno", "dos\rtres", "", "ñandú €", "\ufeffcuatro", "", "fin\r"]
+    bad = b"a\nb\r\nc\xffd\ne\n"
+    with pytest.raises(InputError, match=r"^x:3: not valid UTF-8 \(byte 0xff\)$"):
+        list(read_line_blocks(io.BytesIO(bad), "x", size))
+
+
+def test_a_changed_corpus_file_is_read_again(tmp_path):
+    """Read lines are cached by path, size and modification time: a rewrite is seen."""
+    prefix = tmp_path / "c"
+    Path(f"{prefix}.es").write_text("uno\ndos\n", encoding="utf-8")
+    Path(f"{prefix}.en").write_text("one\ntwo\n", encoding="utf-8")
+    assert load_corpus(str(prefix), "es", "en")["src"] == ["uno", "dos"]
+    Path(f"{prefix}.es").write_text("tres\ncuatro\n", encoding="utf-8")
+    assert load_corpus(str(prefix), "es", "en")["src"] == ["tres", "cuatro"]
