@@ -79,9 +79,11 @@ def children(pid: int) -> list[int]:
 
 
 def workers(pid: int) -> list[int]:
-    """The processes that do the work: `pid` itself, or torchrun's ranks under it."""
-    ranks = [c for c in children(pid) if b"cli.main" in _cmdline(c)]
-    return ranks or [pid]
+    """The processes that do the work: `pid` itself, or torchrun's ranks under it (not the
+    processes `tf train` forks to encode: `tree` counts those)."""
+    if b"torch.distributed.run" not in _cmdline(pid):
+        return [pid]
+    return [c for c in children(pid) if b"cli.main" in _cmdline(c)] or [pid]
 
 
 def tree(pid: int) -> list[int]:
