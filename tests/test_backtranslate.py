@@ -106,9 +106,8 @@ def test_make_backtranslate_runs_the_whole_recipe(tiny_prefix, tmp_path):
     synthetic = bt / "synthetic"
     assert (synthetic / "train.en").read_text() == (tmp_path / "mono.en").read_text()
     assert len((synthetic / "train.es").read_text().splitlines()) == 60
-    assert (
-        json.loads((synthetic / "backtranslate.json").read_text())["decode"]["sampling_topk"] == 10
-    )
+    decode = json.loads((synthetic / "backtranslate.json").read_text())["decode"]
+    assert decode["beam_size"] == 5 and decode["sampling_topk"] == 0  # the default: beam 5
     data = json.loads((bt / "forward" / "data.json").read_text())
     assert [c["tag"] for c in data["corpora"]] == [None, "<bt>"]
     assert "BLEU = " in done.stdout
