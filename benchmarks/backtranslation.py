@@ -2,8 +2,9 @@
 
 The training pairs are split in two by verse number: half A (odd verses) keeps its pairs,
 half B (even verses) only its English, the monolingual text. Every run below is `tf train` as
-launched, on the same recipe (`configs/demo.yaml`) for the same number of updates (not the same
-seconds: this machine is shared, and an update budget keeps the runs comparable under load):
+launched, on the same recipe (`configs/backtranslate.yaml`, that of `make backtranslate`) for
+the same number of updates, 2,000 by default (not the same seconds: this machine is shared, and
+an update budget keeps the runs comparable under load):
 
     reverse   en->es on A                 (translates B's English)
     A         es->en on A alone
@@ -17,10 +18,14 @@ seconds: this machine is shared, and an update budget keeps the runs comparable 
 The back-translations run through CTranslate2 in int8 (the fastest engine here) when it is
 installed, else through the reverse run in PyTorch; both are timed. Each forward run is scored
 once on the test set, and on the dev set, where choices are made (beam and length penalty as the
-recipe). Results: bench-out/bt/results.json; a second invocation keeps what the first made.
+recipe). Each back-translation is also scored against B's real Spanish: how good the synthetic
+sources are. Results: bench-out/bt-steps2000/results.json, a folder for each budget and recipe
+(--set KEY=VALUE, on every run, the reverse one included); a second invocation keeps what the
+first made.
 
     python -m benchmarks.backtranslation split DIR      # the halves only (make backtranslate)
     python -m benchmarks.backtranslation run [--steps N] [--runs A,beam,...] [--seed N]
+                                             [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pathlib import Path
 from benchmarks.common import OUT, ROOT, print_table
 
 BUNDLED = ROOT / "data" / "corpora" / "bible-es-en"
-RECIPE = ROOT / "configs" / "demo.yaml"
+RECIPE = ROOT / "configs" / "backtranslate.yaml"
 
 
 def split(out: Path) -> None:
@@ -65,10 +70,10 @@ def tf(*args: str) -> float:
     return time.perf_counter() - started
 
 
-def train(out: Path, steps: int, *sets: str) -> None:
+def train(out: Path, steps: int, recipe: tuple[str, ...], *sets: str) -> None:
     if (out / "checkpoints" / "last.pt").is_file():
         return  # done in an earlier invocation
-    budget = ["train.max_time=0", f"train.max_steps={steps}", "train.save_every=0"]
+    budget = ["train.max_time=0", f"train.max_steps={steps}", "train.save_every=0", *recipe]
     tf(
         "train",
         RECIPE,
@@ -83,19 +88,29 @@ def corpora(*entries: str) -> str:
     return f"data.train=[{', '.join(entries)}]"
 
 
+def results_dir(steps: int, recipe: tuple[str, ...]) -> Path:
+    """A folder for each budget and recipe: bench-out/bt-steps2000, ...-model.dropout=0."""
+    return OUT / "-".join([f"bt-steps{steps}", *(s.replace("/", "_") for s in recipe)])
+
+
 def run(
-    steps: int, names: list[str] | None = None, seed: int | None = None, out: Path = OUT / "bt"
+    steps: int,
+    names: list[str] | None = None,
+    seed: int | None = None,
+    recipe: tuple[str, ...] = (),
 ) -> dict:
     """Train and score the forward runs `names` (all when None), and what they need; results
     of earlier invocations in OUT/results.json are kept. With `seed`, the forward runs train
     with that `train.seed` (the reverse model and the back-translations stay the same): runs
-    NAME-seedN, for the spread between seeds."""
+    NAME-seedN, for the spread between seeds. `recipe`: overrides of every run's recipe."""
+    out = results_dir(steps, recipe)
     split(out)
     saved = out / "results.json"
     results: dict = json.loads(saved.read_text()) if saved.is_file() else {}
-    results = {"backtranslation": {}, "runs": {}, **results, "steps": steps}
+    results = {"backtranslation": {}, "runs": {}, **results, "steps": steps, "recipe": list(recipe)}
     reverse = out / "reverse"
-    train(reverse, steps, f"data.train={out / 'half-a'}", "data.src_lang=en", "data.tgt_lang=es")
+    swapped = ["data.src_lang=en", "data.tgt_lang=es"]
+    train(reverse, steps, recipe, f"data.train={out / 'half-a'}", *swapped)
     engine = str(reverse)
     try:
         import ctranslate2  # noqa: F401
@@ -139,12 +154,13 @@ def run(
             "engine": "ctranslate2 int8" if "ct2" in engine else "pytorch",
             "seconds": seconds,
             "lines_per_s": lines / seconds,
+            **quality(synthetic / "train.es", out / "half-b.es"),
         }
     for base in names:
         name = base if seed is None else f"{base}-seed{seed}"
         run_dir = out / f"forward-{name}"
         seeded = [] if seed is None else [f"train.seed={seed}"]
-        train(run_dir, steps, *forward[base], *seeded)
+        train(run_dir, steps, recipe, *forward[base], *seeded)
         if "dev_bleu" in results["runs"].get(name, {}):
             continue  # scored by an earlier invocation
         dev, test = evaluate(run_dir, "dev"), evaluate(run_dir, "test")
@@ -159,6 +175,15 @@ def run(
         }
         saved.write_text(json.dumps(results, indent=1))
     return results
+
+
+def quality(synthetic: Path, real: Path) -> dict:
+    """BLEU and chrF of the synthetic Spanish against B's real Spanish."""
+    import sacrebleu
+
+    hyps, refs = (p.read_text(encoding="utf-8").splitlines() for p in (synthetic, real))
+    bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
+    return {"bleu_vs_real": bleu, "chrf_vs_real": sacrebleu.corpus_chrf(hyps, [refs]).score}
 
 
 def evaluate(run_dir: Path, split: str) -> dict:
@@ -178,7 +203,8 @@ def print_results(results: dict) -> None:
     print_table(rows)
     for name, r in results["backtranslation"].items():
         speed = f"{r['seconds']:.0f} s, {r['lines_per_s']:.0f} lines/s"
-        print(f"back-translation {name}: {speed}, {r['engine']}")
+        real = f"BLEU {r['bleu_vs_real']:.2f} against the real Spanish"
+        print(f"back-translation {name}: {speed}, {r['engine']}, {real}")
 
 
 def main() -> None:
@@ -186,15 +212,18 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("split").add_argument("out", type=Path)
     measure = sub.add_parser("run")
-    measure.add_argument("--steps", type=int, default=1000)
+    measure.add_argument("--steps", type=int, default=2000)
     measure.add_argument("--runs", help="comma-separated forward runs (default: all)")
     measure.add_argument("--seed", type=int, help="train.seed of the forward runs")
+    measure.add_argument(
+        "--set", action="append", default=[], dest="recipe", help="KEY=VALUE on every run"
+    )
     args = parser.parse_args()
     if args.command == "split":
         split(args.out)
     else:
         names = args.runs.split(",") if args.runs else None
-        print_results(run(args.steps, names, args.seed))
+        print_results(run(args.steps, names, args.seed, tuple(args.recipe)))
 
 
 if __name__ == "__main__":

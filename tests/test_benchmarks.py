@@ -184,6 +184,22 @@ def test_backtranslation_halves_split_the_bundled_pairs_by_verse(tmp_path):
     assert not set(halves["a.en"][:500]) & set(halves["b.en"][:500])
 
 
+def test_backtranslation_keeps_each_budget_and_recipe_apart_and_scores_its_sources(tmp_path):
+    from benchmarks import backtranslation
+
+    folders = {
+        backtranslation.results_dir(steps, recipe)
+        for steps, recipe in [(1000, ()), (2000, ()), (2000, ("model.dropout=0.1",))]
+    }
+    assert len(folders) == 3  # no run of one budget or recipe is taken for another's
+    real, synthetic = tmp_path / "real.es", tmp_path / "synthetic.es"
+    real.write_text("el principio de todo\ny dijo dios\n")
+    synthetic.write_text("el principio de todo\ny dijo dios\n")
+    assert backtranslation.quality(synthetic, real)["bleu_vs_real"] == pytest.approx(100)
+    synthetic.write_text("otra cosa distinta\nnada igual aqui\n")
+    assert backtranslation.quality(synthetic, real)["bleu_vs_real"] < 10
+
+
 def test_control(out, trained, capsys):
     from benchmarks import control_bench
 

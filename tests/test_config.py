@@ -7,7 +7,9 @@ from cli.config import Config, ConfigError, config_diff, load_config, save_confi
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-@pytest.mark.parametrize("name", ["tiny", "small", "base", "big", "student"])
+@pytest.mark.parametrize(
+    "name", ["tiny", "demo", "small", "base", "big", "student", "backtranslate"]
+)
 def test_shipped_configs_load(name):
     config = load_config(CONFIGS / f"{name}.yaml")
     assert isinstance(config, Config)
