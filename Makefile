@@ -13,6 +13,10 @@ BEAM ?= 5
 TEACHER ?= runs/small
 STUDENT_CONFIG ?= configs/student.yaml
 STUDENT ?= $(TEACHER)-student
+# The student's tokenizer: the teacher's by default; empty (STUDENT_TOKENIZER=) trains one of the
+# student config's own size, as a small student of a large imported teacher (OPUS-MT's 65k
+# pieces) wants.
+STUDENT_TOKENIZER ?= $(TEACHER)/tokenizer
 
 .PHONY: install test lint demo tokenizer train translate eval distill backtranslate bench clean
 
@@ -55,13 +59,14 @@ eval: install
 	cat $(RUN)/eval.json
 
 # Sequence-level knowledge distillation: the teacher translates its training sources, a student
-# trains on them with the teacher's tokenizer, then both are compared on the test set. Each step
-# is a plain `tf` command that resumes where a killed run stopped.
+# trains on them (with the teacher's tokenizer, or its own: STUDENT_TOKENIZER), then both are
+# compared on the test set. Each step is a plain `tf` command that resumes where a killed run
+# stopped.
 distill: install
 	$(TF) distill $(TEACHER) --out $(TEACHER)/distilled --beam $(BEAM)
 	if [ -f $(STUDENT)/config.yaml ]; then $(TF) train --resume $(STUDENT); else \
 		$(TF) train $(STUDENT_CONFIG) --out $(STUDENT) --set data.train=$(TEACHER)/distilled/train \
-			--set data.tokenizer=$(TEACHER)/tokenizer; fi
+			$(if $(STUDENT_TOKENIZER),--set data.tokenizer=$(STUDENT_TOKENIZER)); fi
 	$(TF) compare $(TEACHER) $(STUDENT) --src $(SRC) --ref $(REF)
 
 # Back-translation (Sennrich et al. 2016): a reverse model (target to source language) trained

@@ -89,3 +89,20 @@ def print_table(rows: list[tuple]) -> None:
         print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)))
         if n == 0:
             print("  ".join("-" * w for w in widths))
+
+
+def cpu_name() -> str:
+    """The CPU as `lscpu` names it, with the flags that decide its precision: every benchmark
+    figure depends on them (bf16 runs natively only with avx512_bf16 or amx_bf16)."""
+    model, flags = "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown CPU":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        return model
+    named = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{model} ({', '.join(named) or 'no avx2'})"

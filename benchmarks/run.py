@@ -6,7 +6,8 @@ Data pipeline (tokenizer, encoding, batching, padding efficiency); training thro
 `small` against the torch.nn.Transformer reference (alternating, fp32 and CPU bf16), for one
 isolated step and for the `tf train` loop as launched; one attention's forward and backward
 per kernel; decoding throughput of greedy and beam 5 against uncached decoding and against
-CTranslate2 on the same model; how cost grows with the model and the sentence. Results:
+CTranslate2 on the same model; how cost grows with the model and the sentence; fine-tuning an
+OPUS-MT-sized model against the loop a `transformers` user writes. Results:
 OUT/bench.json. `--quick` measures fewer batches and sentences; `--smoke` runs every section
 on `tiny` with a handful of batches and sentences, to show the suite still runs
 (tests/test_benchmarks.py): its numbers mean nothing.
@@ -31,6 +32,7 @@ from benchmarks import (
     data_bench,
     decode_bench,
     engines_bench,
+    finetune_bench,
     loop_bench,
     scaling_bench,
     serve_bench,
@@ -67,6 +69,8 @@ class Size:
     serve_sentences: int  # serve: test.es sentences sent to `tf serve` ...
     serve_clients: tuple[int, ...]  # ... by this many concurrent clients, in turn
     corpus_pairs: tuple[int, ...]  # corpus: numbered copies of the pairs, `tf train` started
+    finetune_updates: int  # finetune: updates of each loop on the OPUS-MT-sized stand-in ...
+    finetune_small: bool  # ... or on a tiny stand-in (does the section run?)
     estimate_s: dict[str, float]  # seconds per section on a 2-core CPU (rounded, by hand)
 
 
@@ -93,6 +97,8 @@ FULL = Size(
     serve_sentences=300,
     serve_clients=(1, 8, 32),
     corpus_pairs=(28_045, 1_000_000, 10_000_000),
+    finetune_updates=30,
+    finetune_small=False,
     # The first four: 11 minutes in all, as a user timed them (data and attention timed
     # here); decode, engines and scaling reckoned from 100-sentence runs of `small` on 2 cores
     # and its 3 minutes of training. bench.json keeps each section's seconds: correct from it.
@@ -106,6 +112,7 @@ FULL = Size(
         "scaling": 150,
         "serve": 120,
         "corpus": 2400,  # 1M pairs: 6 min; 10M: half an hour (3 starts each)
+        "finetune": 600,
     },
 )
 QUICK = replace(
@@ -119,6 +126,7 @@ QUICK = replace(
     per_bucket=20,
     serve_sentences=100,
     corpus_pairs=(28_045, 1_000_000),
+    finetune_updates=12,
     estimate_s={
         "data": 10,
         "train": 90,
@@ -129,6 +137,7 @@ QUICK = replace(
         "scaling": 100,
         "serve": 60,
         "corpus": 400,
+        "finetune": 300,
     },
 )
 SMOKE = Size(
@@ -162,6 +171,8 @@ SMOKE = Size(
     serve_sentences=8,
     serve_clients=(1, 4),
     corpus_pairs=(3000,),
+    finetune_updates=6,
+    finetune_small=True,
     estimate_s={
         "data": 1,
         "train": 2,
@@ -172,6 +183,7 @@ SMOKE = Size(
         "scaling": 1,
         "serve": 8,
         "corpus": 40,  # three `tf train` launches, one of 2 ranks
+        "finetune": 40,  # a tiny stand-in made and imported, two loops in processes
     },
 )
 
@@ -291,6 +303,16 @@ def corpus_section(size: Size, out: Path) -> dict:
     return r
 
 
+def finetune_section(size: Size, out: Path) -> dict:
+    print("\n== fine-tuning an OPUS-MT-sized model: tf's loop vs a transformers user's loop")
+    r = finetune_bench.run(
+        size.finetune_updates, out=out, log_every=3 if size.finetune_small else 5,
+        small=size.finetune_small,
+    )  # fmt: skip
+    finetune_bench.print_results(r)
+    return r
+
+
 SECTIONS: list[tuple[str, Callable[[Size, Path], dict]]] = [
     ("data", data_section),
     ("train", train_section),
@@ -301,6 +323,7 @@ SECTIONS: list[tuple[str, Callable[[Size, Path], dict]]] = [
     ("scaling", scaling_section),
     ("serve", serve_section),
     ("corpus", corpus_section),
+    ("finetune", finetune_section),
 ]
 
 

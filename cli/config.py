@@ -1,4 +1,5 @@
-"""The one typed configuration tree: every default of `tf` lives here (and in `ModelConfig`).
+"""The one typed configuration tree: every default of `tf` lives here, in `ModelConfig`
+(`model/`) and in `DataConfig` (`data/`).
 
 A YAML file names only what differs from the defaults. Loading is strict: an unknown key or a
 value of the wrong type is a `ConfigError` naming the dotted key and the nearest valid one.
@@ -20,55 +21,13 @@ from typing import Any, Literal
 import yaml
 
 from cli.device import DEVICE_PATTERN
-from cli.files import atomic_output
+from data.config import DataConfig, check_data
+from data.files import atomic_output
 from model.transformer import ModelConfig
 
 
 class ConfigError(Exception):
     """A bad config file, key or value; `str()` is one line for the user."""
-
-
-@dataclass
-class CorpusConfig:
-    """One training corpus of a mix (`data.train` as a list)."""
-
-    corpus: str  # any spec: PREFIX, .tsv, .jsonl, hf:NAME[:CFG][@SPLIT], bundled:NAME/SPLIT
-    weight: float = 1.0  # its pairs are seen `weight` times per epoch (a fraction: a subset)
-    tag: str = ""  # a reserved piece put before every source sentence of it, e.g. "<bt>"
-
-
-@dataclass
-class DataConfig:
-    # A corpus spec (PREFIX, .tsv, .jsonl, hf:NAME[:CFG][@SPLIT], bundled:NAME/SPLIT), or a list
-    # of corpora with weights and tags: [{corpus: SPEC, weight: 4, tag: "<bt>"}, ...].
-    train: str | list[CorpusConfig] = "bundled:bible-es-en/train"
-    dev: str = "bundled:bible-es-en/dev"
-    test: str = "bundled:bible-es-en/test"
-    src_lang: str = "es"
-    tgt_lang: str = "en"
-    vocab_size: int = 8000
-    tokenizer_type: Literal["bpe", "unigram"] = "bpe"
-    joint_vocab: bool = True  # one SentencePiece model for both sides (needed for full tying)
-    character_coverage: float = 1.0
-    max_len: int = 256  # pairs with a side longer than this many pieces are dropped
-    max_len_ratio: float = (
-        3.0  # pairs whose longer side is more than this times the other are dropped
-    )
-    # Drop duplicate pairs, untranslated copies, pairs of the dev or test set, and junk (no
-    # letters, mostly digits, punctuation or URLs): see data/clean.py. Counts go to RUN/data.json.
-    clean: bool = True
-
-    def corpora(self) -> list[CorpusConfig]:
-        """`train` as a list: a single spec is one corpus of weight 1, untagged."""
-        return [CorpusConfig(self.train)] if isinstance(self.train, str) else list(self.train)
-
-    def tags(self) -> list[str]:
-        """The tags of the training corpora, each once, in order (the tokenizer reserves them)."""
-        return list(dict.fromkeys(c.tag for c in self.corpora() if c.tag))
-
-    # A trained tokenizer folder to use instead of training one (a distilled student uses its
-    # teacher's, RUN/tokenizer); the vocabulary settings above then do not apply.
-    tokenizer: str = ""
 
 
 @dataclass
@@ -112,6 +71,7 @@ class TrainConfig:
     # Logging, validation, checkpoints (in updates).
     log_every: int = 100
     eval_every: int = 1000  # 0: validate only at the end
+    eval_on_start: bool = False  # validate at step 0 too (fine-tuning: the imported model's BLEU)
     eval_bleu_sentences: int = 500  # dev sentences decoded greedily for BLEU/chrF; 0: all
     early_stop_metric: Literal["bleu", "chrf", "loss"] = "bleu"
     patience: int = 0  # validations without improvement before stopping; 0 disables
@@ -318,10 +278,9 @@ def check_type(value: Any, hint: Any, dotted: str, source: str) -> Any:
 # Ranges the types cannot say, checked once at load so that no bad value reaches any work.
 POSITIVE = (
     "data.max_len model.d_model model.n_heads model.d_ff model.n_encoder_layers "
-    "model.n_decoder_layers train.max_tokens train.max_sentences train.update_freq train.lr "
-    "train.warmup_steps train.adam_eps train.max_bad_steps train.log_every train.dist_timeout "
-    "decode.beam_size "
-    "decode.nbest decode.max_tokens"
+    "model.n_decoder_layers model.norm_eps train.max_tokens train.max_sentences "
+    "train.update_freq train.lr train.warmup_steps train.adam_eps train.max_bad_steps "
+    "train.log_every train.dist_timeout decode.beam_size decode.nbest decode.max_tokens"
 ).split()  # warmup_steps 0 would divide by zero (noam) or leave the lr at 0 (inverse_sqrt)
 NON_NEGATIVE = (
     "train.max_steps train.max_epochs train.max_time train.weight_decay train.clip_norm "
@@ -351,24 +310,7 @@ def check_config(config: Config, source: str) -> Config:
         if not 0 <= values[key] < 1:
             fail(f"{key} must be in [0, 1), got {values[key]!r}")
     d, m, t, dec = config.data, config.model, config.train, config.decode
-    if d.vocab_size < 8:  # the four special pieces and a few more
-        fail(f"data.vocab_size must be 8 or more, got {d.vocab_size}")
-    if not 0 < d.character_coverage <= 1:
-        fail(f"data.character_coverage must be in (0, 1], got {d.character_coverage}")
-    if not d.corpora():
-        fail("data.train is an empty list: name at least one corpus")
-    for i, c in enumerate(d.corpora()):
-        where = "data.train" if isinstance(d.train, str) else f"data.train[{i}]"
-        if not c.corpus.strip():
-            fail(f"{where}: no corpus spec")
-        if not c.weight > 0:
-            fail(f"{where}.weight must be positive, got {c.weight}")
-        if c.tag and (
-            c.tag != "".join(c.tag.split()) or c.tag in ("<s>", "</s>", "<pad>", "<unk>")
-        ):
-            fail(f"{where}.tag {c.tag!r} must be one word, not a special piece")
-    if d.max_len_ratio < 1:
-        fail(f"data.max_len_ratio must be 1 or more, got {d.max_len_ratio}")
+    check_data(d, fail)
     if d.max_len >= m.max_positions:  # a target of max_len pieces is max_len + 1 with BOS
         fail(f"data.max_len {d.max_len} must be below model.max_positions {m.max_positions}")
     if m.d_head < 0:
@@ -390,13 +332,16 @@ def check_config(config: Config, source: str) -> Config:
 
 
 def check_sampling(dec: DecodeConfig, fail: Callable[[str], None]) -> None:
-    """The sampling settings: in range, and none given while sampling is off."""
+    """The sampling settings: in range (the seed one every engine takes), and none given while
+    sampling is off."""
     if dec.sampling_topk < -1:
         fail(f"decode.sampling_topk must be -1 (all), 0 (off) or above, got {dec.sampling_topk}")
     if not 0 < dec.sampling_topp <= 1:
         fail(f"decode.sampling_topp must be in (0, 1], got {dec.sampling_topp}")
     if not 0 < dec.sampling_temperature <= 100:
         fail(f"decode.sampling_temperature must be in (0, 100], got {dec.sampling_temperature}")
+    if not 0 <= dec.seed < 2**32:  # CTranslate2's set_random_seed takes an unsigned 32-bit int
+        fail(f"decode.seed must be in 0..{2**32 - 1} (32 bits, for every engine), got {dec.seed}")
     if not dec.sampling and (dec.sampling_topp != 1 or dec.sampling_temperature != 1):
         fail(
             "decode.sampling_topp and sampling_temperature shape random sampling, which is off "

@@ -291,6 +291,26 @@ def export(
     typer.echo(run_export(run, to, output, quantization, force))
 
 
+@app.command("import")
+@user_errors
+def import_(
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="A Hugging Face Marian model: its directory, or a hub name "
+            "(Helsinki-NLP/opus-mt-es-en).",
+            show_default=False,
+        ),
+    ],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The run directory to write.")],
+    force: Annotated[bool, typer.Option(help="Replace a non-empty output directory.")] = False,
+) -> None:
+    """Import a pretrained OPUS-MT (Marian) model as a run: translate, fine-tune, export it."""
+    from cli.commands.import_model import run_import
+
+    typer.echo(run_import(source, output, force))
+
+
 @app.command()
 @user_errors
 def distill(

@@ -154,3 +154,18 @@ def clean_mask(
         removed[name] = int(hit.sum())
         keep &= ~hit
     return keep, removed
+
+
+def first_row_holding(ds: datasets.Dataset, piece: str) -> int | None:
+    """The first row of `ds` one of whose sides holds the text `piece`, or None (a corpus tag
+    must be a piece no sentence holds: `data.pipeline.check_tags`)."""
+    start = 0
+    for table in _tables(ds):
+        hit = pc.or_(
+            pc.match_substring(table.column("src"), piece),
+            pc.match_substring(table.column("tgt"), piece),
+        ).to_numpy(zero_copy_only=False)
+        if hit.any():
+            return start + int(np.argmax(hit))
+        start += len(table)
+    return None

@@ -41,7 +41,7 @@ from data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-_VERSION = "2"  # bump when what is written changes, to invalidate the cached files
+_VERSION = "3"  # bump when what is written changes, to invalidate the cached files
 _ENCODE_ROWS = 20_000  # sentences per call into SentencePiece
 _POOL_ROWS = 200_000  # from this many pairs a pool of processes encodes (its start costs ~1 s)
 TOKEN_RULES = ("too_long", "ratio")
@@ -65,7 +65,7 @@ class _Silent:
 Progress = Callable[[str, int], Bar]  # (what the stage does, in words; its total) -> a bar
 
 
-def _silent(stage: str, total: int) -> Bar:
+def silent(stage: str, total: int) -> Bar:
     return _Silent()
 
 
@@ -90,7 +90,7 @@ def prepare_corpus(
     filters: Filters,
     reference: Reference | None,
     name: str,
-    progress: Progress = _silent,
+    progress: Progress = silent,
 ) -> Prepared:
     """The cleaned, encoded and filtered pairs of `ds` as memory-mapped ids, from the cache
     when they are there.
@@ -145,7 +145,8 @@ def _write(ds, tokenizer, filters, reference, tag_id, name, directory, progress)
     kept, token_removed = _encode_to_files(
         ds, keep, tokenizer, filters, tag_id, name, partial, progress, dtype
     )
-    removed.update(token_removed)
+    for rule, n in token_removed.items():  # "empty" is both kinds' (see _token_rules)
+        removed[rule] = removed.get(rule, 0) + n
     counts = {"read": read, "removed": removed, "kept": kept, "dtype": np.dtype(dtype).name}
     if kept == 0:
         shutil.rmtree(partial, ignore_errors=True)
@@ -212,10 +213,14 @@ class _Encoder:
     dtype: type
 
     def __call__(self, src_texts: pa.Array, tgt_texts: pa.Array) -> _Block:
-        src = self.tokenizer.encode_src(src_texts.to_pylist())
-        tgt = self.tokenizer.encode_tgt(tgt_texts.to_pylist())
+        src_texts, tgt_texts = src_texts.to_pylist(), tgt_texts.to_pylist()
+        src = self.tokenizer.encode_src(src_texts)
+        tgt = self.tokenizer.encode_tgt(tgt_texts)
         removed = dict.fromkeys(TOKEN_RULES, 0)
-        keep = _token_rules(src, tgt, self.filters, removed)
+        blank = np.fromiter(
+            (not (s.strip() and t.strip()) for s, t in zip(src_texts, tgt_texts)), dtype=bool
+        )
+        keep = _token_rules(src, tgt, self.filters, removed, blank)
         src = [row for row, k in zip(src, keep) if k]
         tgt = [row for row, k in zip(tgt, keep) if k]
         if self.tag_id is not None:
@@ -286,11 +291,13 @@ def _encode_in_pool(src: pa.Array, tgt: pa.Array) -> _Block:
     return _pool_encoder(src, tgt)
 
 
-def _token_rules(src, tgt, filters: Filters, removed: dict) -> np.ndarray:
-    """(B,) bool: the pairs of one block that fit the length rules; counts the others."""
+def _token_rules(src, tgt, filters: Filters, removed: dict, blank: np.ndarray) -> np.ndarray:
+    """(B,) bool: the pairs of one block that fit the length rules; counts the others. `blank`:
+    the pairs with a side of no text (which cleaning removes first: these come only without
+    it), empty whatever ids a tokenizer gives them (Marian's sources are at least an EOS)."""
     src_len = np.fromiter(map(len, src), dtype=np.int64, count=len(src))
     tgt_len = np.fromiter(map(len, tgt), dtype=np.int64, count=len(tgt))
-    empty = (src_len == 0) | (tgt_len == 0)  # spelled by nothing: only without cleaning
+    empty = blank | (src_len == 0) | (tgt_len == 0)  # no text, or spelled by nothing
     too_long = ~empty & (np.maximum(src_len, tgt_len) > (filters.max_len or np.inf))
     longer, shorter = np.maximum(src_len, tgt_len), np.minimum(src_len, tgt_len)
     ratio = ~empty & ~too_long & (longer > (filters.max_len_ratio or np.inf) * shorter)

@@ -25,7 +25,7 @@ JOINT_MODEL = "joint.model"
 SRC_MODEL = "src.model"
 TGT_MODEL = "tgt.model"
 MODEL_TYPES = ("bpe", "unigram")
-_THREADS = os.cpu_count() or 1  # SentencePiece encodes a list of sentences in parallel
+THREADS = os.cpu_count() or 1  # SentencePiece encodes a list of sentences in parallel
 
 
 def train_tokenizer(
@@ -134,20 +134,24 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
 class Tokenizer:
     """A pair of SentencePiece models, source and target (the same object when joint).
 
+    `Tokenizer.load` also reads an imported model's tokenizer (`data.marian.MarianTokenizer`,
+    the same interface): every other module takes either.
+
     Attributes:
         directory: the directory the model(s) were loaded from.
-        joint: True when both sides share one model (and so one vocabulary).
-        pad_id, unk_id, bos_id, eos_id: read from the model.
+        joint: True when both sides share one vocabulary.
+        pad_id, unk_id, bos_id, eos_id: read from the model (bos_id None where it has no BOS).
         src_vocab_size, tgt_vocab_size: number of pieces of each side's model.
+        tags: {piece: id} of the reserved pieces a source may start with.
     """
 
     def __init__(self, directory: Path, src_path: Path, tgt_path: Path) -> None:
         self.directory = directory
-        self.threads = _THREADS  # SentencePiece's threads per `encode_*` call
+        self.threads = THREADS  # SentencePiece's threads per `encode_*` call
         self.joint = src_path == tgt_path
         self._paths = [src_path] if self.joint else [src_path, tgt_path]
-        self._src = _load_model(src_path)
-        self._tgt = self._src if self.joint else _load_model(tgt_path)
+        self._src = load_sentencepiece(src_path)
+        self._tgt = self._src if self.joint else load_sentencepiece(tgt_path)
         src_ids, tgt_ids = _special_ids(self._src), _special_ids(self._tgt)
         if src_ids != tgt_ids:
             raise InputError(f"{directory}: src.model and tgt.model use different special ids")
@@ -164,18 +168,32 @@ class Tokenizer:
 
     @staticmethod
     def found_in(directory: str | os.PathLike) -> bool:
-        """Whether `directory` holds a tokenizer (`joint.model`, or `src.model`/`tgt.model`)."""
+        """Whether `directory` holds a tokenizer (`joint.model`, or `src.model`/`tgt.model`,
+        or an imported Marian model's files)."""
+        from data.marian import is_marian_tokenizer
+
         directory = Path(directory)
-        return (directory / JOINT_MODEL).is_file() or (directory / SRC_MODEL).is_file()
+        return (
+            (directory / JOINT_MODEL).is_file()
+            or (directory / SRC_MODEL).is_file()
+            or is_marian_tokenizer(directory)
+        )
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> Tokenizer:
-        """Load `joint.model`, or `src.model` and `tgt.model`, from `directory`.
+        """Load `joint.model`, or `src.model` and `tgt.model`, or a Marian tokenizer
+        (`data.marian`), from `directory`.
 
         Raises:
-            InputError: no model there, both layouts at once, or a file that is not a model.
+            InputError: no model there, two layouts at once, or a file that is not a model.
         """
+        from data.marian import MarianTokenizer, is_marian_tokenizer
+
         directory = Path(directory)
+        if is_marian_tokenizer(directory):
+            if (directory / JOINT_MODEL).is_file() or (directory / SRC_MODEL).is_file():
+                raise InputError(f"{directory}: holds both a Marian tokenizer and tf's own")
+            return MarianTokenizer(directory)
         joint = directory / JOINT_MODEL
         src, tgt = directory / SRC_MODEL, directory / TGT_MODEL
         if joint.is_file() and (src.is_file() or tgt.is_file()):
@@ -214,6 +232,16 @@ class Tokenizer:
             known = ", ".join(self.tags) or "none"
             raise InputError(f"{self.directory}: no tag {tag!r} in the tokenizer (tags: {known})")
         return self.tags[tag]
+
+    def decoder_start_id(self, start: str) -> int:
+        """The id the decoder starts from: `model.decoder_start`, "bos" or "pad"."""
+        found = self.bos_id if start == "bos" else self.pad_id
+        if found is None:
+            raise InputError(
+                f"{self.directory}: the tokenizer has no {start.upper()} for the decoder to "
+                "start from (model.decoder_start)"
+            )
+        return found
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         """Target sentences to piece ids; no BOS/EOS added."""
@@ -279,7 +307,7 @@ def _decode(model: spm.SentencePieceProcessor, ids: list[list[int]]) -> list[str
     return model.decode(rows) if rows else []
 
 
-def _load_model(path: Path) -> spm.SentencePieceProcessor:
+def load_sentencepiece(path: Path) -> spm.SentencePieceProcessor:
     """Load one SentencePiece model, as an InputError if the file is not one."""
     model = spm.SentencePieceProcessor()
     try:

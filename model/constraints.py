@@ -13,10 +13,20 @@ fewer. EOS is allowed only once every constraint is met, and a candidate that co
 fit its unmet constraint tokens before the length limit is dropped, so every finished
 hypothesis holds every constraint.
 
+The banks are one per count of constraint tokens met, C + 1 of them for C tokens, and dynamic
+beam allocation divides the beam among them (Post & Vilar, 2018): it needs a beam of at least
+C + 1 to give each bank a slot. With fewer, the least advanced banks get none: at beam 1 the one
+slot always goes to a hypothesis that advanced a constraint, so the constraints come first
+("God said ..." for ["God", "said"]) wherever the model would put them. A sentence with
+constraints is therefore searched at a beam of max(beam_size, C + 1) (`search_width`): the
+unconstrained best keeps its slot and each constraint enters where the model ranks it best;
+the nbest returned are still at most beam_size. A sentence without constraints is beam search
+at beam_size, exactly.
+
 A constraint in progress that the next token does not continue is abandoned (that token may
 begin another), as in fairseq. The step, reorder and length conventions are `model.search`'s;
-a sentence keeps `beam_size` rows after the first step, the ones without a candidate dead
-(score -inf) until the sentence ends.
+after the first step every sentence has the same number of rows (the widest sentence's width),
+the ones beyond its own width or without a candidate dead (score -inf) until it ends.
 """
 
 from __future__ import annotations
@@ -32,12 +42,10 @@ from model.search import (
     ReorderFn,
     State,
     StepFn,
-    _ban_repeated_ngrams,
     _index_on,
     _initial_beams,
-    _restrict_length,
     _sentence_done,
-    force_prefix,
+    apply_step_rules,
     gnmt_length_penalty,
 )
 
@@ -91,6 +99,14 @@ class _Candidate:
     progress: Progress
 
 
+def search_width(beam_size: int, phrases: tuple[Phrase, ...]) -> int:
+    """The beam a sentence with these constraints is searched at: a slot for each of its
+    C + 1 banks at least (see the module docstring)."""
+    if not phrases:
+        return beam_size
+    return max(beam_size, sum(map(len, phrases)) + 1)
+
+
 def constrained_beam_search(
     step: StepFn,
     state: State,
@@ -111,13 +127,21 @@ def constrained_beam_search(
 ) -> list[list[Hypothesis]]:
     """Beam search for B sentences at once, each output holding each of its sentence's
     `constraints` (see the module docstring). The other arguments are `beam_search`'s; the
-    caller makes sure that each sentence's prefix and constraints fit its max_lens."""
+    caller makes sure that each sentence's prefix and constraints fit its max_lens.
+
+    Returns:
+        For each sentence in input order, up to nbest hypotheses, best score first; none for
+        a sentence whose constraints no hypothesis could hold within its max length (under
+        the n-gram ban, say), which the caller reports.
+    """
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"need 1 <= nbest <= beam_size, got nbest {nbest}, beam {beam_size}")
     device = max_lens.device
+    widths = [search_width(beam_size, phrases) for phrases in constraints]
+    rows_each = max(widths)  # rows per live sentence after the first step
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
     n_finished = [0] * batch_size
-    enough = max(nbest, round(beam_size * patience)) if patience > 0 else 0
+    enough = [max(nbest, round(w * patience)) if patience > 0 else 0 for w in widths]
     beams = _initial_beams(batch_size, device)
     progress = [Progress()] * batch_size  # one per row, on the host
     outputs: list[list[int]] = [[] for _ in range(batch_size)]  # each row's tokens, on the host
@@ -128,41 +152,30 @@ def constrained_beam_search(
     for t in itertools.count():
         log_probs, state = step(tokens, state)  # (N, V)
         sentences = beams.sentence.tolist()
-        log_probs = _restrict_length(
-            log_probs, t, max_lens[beams.sentence], eos_id, min_len, shortest
+        log_probs = apply_step_rules(
+            log_probs, t, beams, max_lens, eos_id, min_len, shortest, no_repeat_ngram_size, prefix
         )
-        log_probs = _ban_repeated_ngrams(log_probs, beams.tokens, no_repeat_ngram_size)
-        log_probs = force_prefix(log_probs, t, prefix, beams.sentence)
         unmet = [not p.done(constraints[b]) for p, b in zip(progress, sentences)]
         no_eos = _index_on([i for i, u in enumerate(unmet) if u], device)
         log_probs[no_eos, eos_id] = float("-inf")  # EOS only once every constraint is met
         scores = beams.log_probs[:, None] + log_probs  # (N, V)
-        candidates = _candidates(scores, k, 2 * beam_size, progress, sentences, constraints)
-        selected = []  # per live sentence: its rows' candidates, beam_size of them
+        candidates = _candidates(scores, k, 2 * rows_each, progress, sentences, constraints)
+        selected = []  # per live sentence: its rows' candidates, rows_each of them
         for i, found in enumerate(candidates):
             b = sentences[i * k]
+            width, max_len = widths[b], host_max_lens[b]
             live = _finish_and_select(
-                found,
-                t,
-                b,
-                beam_size,
-                eos_id,
-                constraints[b],
-                host_max_lens[b],
-                outputs,
-                finished,
-                n_finished,
-                length_penalty,
-                nbest,
-            )
+                found, t, b, width, eos_id, constraints[b], max_len, outputs, finished,
+                n_finished, length_penalty, nbest,
+            )  # fmt: skip
             best = live[0].score if live else float("-inf")
-            bound = best / _best_length_penalty(t, host_max_lens[b], length_penalty)
+            bound = best / _best_length_penalty(t, max_len, length_penalty)
             done = not live or _sentence_done(
-                finished[b], n_finished[b], enough, bound, t, host_max_lens[b], nbest
+                finished[b], n_finished[b], enough[b], bound, t, max_len, nbest
             )
             if not done:
                 dead = _Candidate(float("-inf"), live[0].row, eos_id, live[0].progress)
-                selected.append(live + [dead] * (beam_size - len(live)))
+                selected.append(live + [dead] * (rows_each - len(live)))
         if not selected:
             break
         chosen = [c for sentence in selected for c in sentence]
@@ -170,13 +183,10 @@ def constrained_beam_search(
         tokens = _index_on([c.token for c in chosen], device)
         log_prob = torch.tensor([c.score for c in chosen], dtype=scores.dtype)
         beams = beams.take(index).extend(tokens, log_prob.to(device))
-        state = reorder(state, index, beam_size)
+        state = reorder(state, index, rows_each)
         progress = [c.progress for c in chosen]
         outputs = [outputs[c.row] + [c.token] for c in chosen]
-        k = beam_size
-    for hyps in finished:
-        if not hyps:  # no hypothesis could hold every constraint within its limit
-            hyps.append(Hypothesis([], float("-inf"), float("-inf")))
+        k = rows_each
     return finished
 
 

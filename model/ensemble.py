@@ -39,6 +39,9 @@ class Ensemble:
         vocab = {m.generator.out_features for m in models}
         if len(vocab) != 1:
             raise ValueError(f"the models' vocabularies differ in size: {sorted(vocab)}")
+        starts = {m.config.decoder_start for m in models}
+        if len(starts) != 1:  # every step feeds all of them the same tokens
+            raise ValueError(f"the models' decoders start from different tokens: {sorted(starts)}")
         self.models = models
         # The shortest position table limits every member.
         limit = min(m.config.max_positions for m in models)

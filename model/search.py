@@ -121,6 +121,33 @@ def force_prefix(log_probs: Tensor, t: int, prefix: Tensor | None, sentence: Ten
     return log_probs.masked_fill((forced >= 0)[:, None] & ~allowed, float("-inf"))
 
 
+def apply_step_rules(
+    log_probs: Tensor,
+    t: int,
+    beams: Beams,
+    max_lens: Tensor,
+    eos_id: int,
+    min_len: int,
+    shortest: int,
+    no_repeat_ngram_size: int,
+    prefix: Tensor | None,
+) -> Tensor:
+    """What every search forbids at step t: the length rules (`_restrict_length`), repeated
+    n-grams, and all but a forced prefix's token. The forced prefix is exempt from the n-gram
+    ban, as in CTranslate2: it is the user's text, repeats and all, and banning its own tokens
+    would leave a row with no token at all; the tokens the search adds after it are banned
+    from repeating any n-gram of the whole output, the prefix's included.
+
+    Shape: log_probs (N, V), max_lens (B,) per sentence -> (N, V).
+    """
+    log_probs = _restrict_length(log_probs, t, max_lens[beams.sentence], eos_id, min_len, shortest)
+    banned = _ban_repeated_ngrams(log_probs, beams.tokens, no_repeat_ngram_size)
+    if prefix is not None and t < prefix.size(1) and banned is not log_probs:
+        in_prefix = (prefix[beams.sentence, t] >= 0)[:, None]  # (N, 1) rows forced this step
+        banned = torch.where(in_prefix, log_probs, banned)
+    return force_prefix(banned, t, prefix, beams.sentence)
+
+
 def greedy_search(
     step: StepFn,
     state: State,
@@ -143,7 +170,8 @@ def greedy_search(
         max_lens: (B,) long, the most tokens of each sentence's output (EOS not counted), on
             the device of the step's tensors.
         min_len: EOS is forbidden before this many tokens.
-        no_repeat_ngram_size: n > 0 forbids repeating any n-gram within a hypothesis.
+        no_repeat_ngram_size: n > 0 forbids repeating any n-gram within a hypothesis (the
+            forced prefix is exempt: `apply_step_rules`).
         prefix: (B, L) long or None: each output starts with its row's tokens (padded with -1;
             `force_prefix`). max_lens must leave room for them.
 
@@ -291,9 +319,9 @@ def _row_search(
             beams, log_probs = beams.take(expand), log_probs[expand]
             row_ids = torch.arange(batch_size * per_sentence, device=device)
         row_max_lens = max_lens[beams.sentence]  # (N,)
-        log_probs = _restrict_length(log_probs, t, row_max_lens, eos_id, min_len, shortest)
-        log_probs = _ban_repeated_ngrams(log_probs, beams.tokens, no_repeat_ngram_size)
-        log_probs = force_prefix(log_probs, t, prefix, beams.sentence)
+        log_probs = apply_step_rules(
+            log_probs, t, beams, max_lens, eos_id, min_len, shortest, no_repeat_ngram_size, prefix
+        )
         tokens = choose(log_probs, t, row_ids)  # (N,)
         sum_log_probs = beams.log_probs + log_probs.gather(1, tokens[:, None]).squeeze(1)
         ended = (tokens == eos_id) | (row_max_lens <= t)  # (N,) the latter even if EOS is -inf
@@ -358,7 +386,7 @@ def beam_search(
             to the beam).
         min_len: EOS is forbidden before this many tokens.
         nbest: hypotheses returned per sentence, at most beam_size.
-        no_repeat_ngram_size: n > 0 forbids repeating any n-gram within a hypothesis.
+        no_repeat_ngram_size: as in `greedy_search`.
         prefix: as in `greedy_search`; while it is forced a sentence has one live hypothesis.
 
     Returns:
@@ -378,11 +406,9 @@ def beam_search(
     k = 1  # rows per live sentence: one before the first step, then up to beam_size
     for t in itertools.count():
         log_probs, state = step(tokens, state)  # (N, V)
-        log_probs = _restrict_length(
-            log_probs, t, max_lens[beams.sentence], eos_id, min_len, shortest
+        log_probs = apply_step_rules(
+            log_probs, t, beams, max_lens, eos_id, min_len, shortest, no_repeat_ngram_size, prefix
         )
-        log_probs = _ban_repeated_ngrams(log_probs, beams.tokens, no_repeat_ngram_size)
-        log_probs = force_prefix(log_probs, t, prefix, beams.sentence)
         top, rows, words = _best_extensions(log_probs, beams.log_probs, k, 2 * beam_size)
         is_eos = words == eos_id  # (B', C)
 

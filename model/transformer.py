@@ -20,6 +20,9 @@ from torch import Tensor, nn
 from model.attention import CrossAttention, KVCache, MultiheadAttention, SelfAttention, keep_mask
 
 TIE_EMBEDDINGS = ("none", "decoder", "all")
+# The feed-forward's nonlinearity: the paper's ReLU, or what a pretrained model was trained with
+# (OPUS-MT's Marian models use swish, x * sigmoid(x), which torch calls SiLU).
+ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 
 
 @dataclass
@@ -31,11 +34,20 @@ class ModelConfig:
     n_decoder_layers: int = 6
     dropout: float = 0.1  # residual, embeddings (paper's P_drop)
     attention_dropout: float = 0.1  # on attention probabilities (torch applies `dropout` there too)
-    activation_dropout: float = 0.1  # after the FFN ReLU (as torch)
+    activation_dropout: float = 0.1  # after the FFN activation (as torch)
     norm_first: bool = False  # Pre-LN option; Post-LN default
     tie_embeddings: Literal["none", "decoder", "all"] = "all"  # decoder: tgt embedding = generator
     d_head: int = 0  # width of a head; 0: d_model / n_heads (a pruned model keeps its heads' width)
     max_positions: int = 1024
+    # The switches a pretrained model may need (`tf import`); each default is the paper's model.
+    activation: Literal["relu", "swish", "gelu"] = "relu"  # the FFN's (section 3.3: ReLU)
+    output_bias: bool = False  # a bias on the logits (Marian's `final_logits_bias`)
+    decoder_start: Literal["bos", "pad"] = "bos"  # the token fed first (Marian: pad)
+    norm_eps: float = 1e-5  # every LayerNorm's epsilon
+    # Sinusoidal positions: "interleaved" sin, cos, sin, cos ... (the paper's PE(pos, 2i) and
+    # PE(pos, 2i+1)); "halves": all sines, then all cosines (Marian, fairseq). The same
+    # frequencies: only the order of the model dimension differs.
+    positions: Literal["interleaved", "halves"] = "interleaved"
 
 
 def count_parameters(config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> int:
@@ -53,22 +65,30 @@ def count_parameters(config: ModelConfig, src_vocab_size: int, tgt_vocab_size: i
         "decoder": (src_vocab_size + tgt_vocab_size) * D,
         "all": tgt_vocab_size * D,
     }[config.tie_embeddings]
+    output_bias = tgt_vocab_size if config.output_bias else 0
     return (
         config.n_encoder_layers * encoder_layer
         + config.n_decoder_layers * decoder_layer
         + final_norms
         + embeddings
+        + output_bias
     )
 
 
-def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
+def sinusoidal_positions(
+    n_positions: int, d_model: int, layout: Literal["interleaved", "halves"] = "interleaved"
+) -> Tensor:
     """Paper section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(same).
+
+    `layout` "halves" puts the same values in Marian's order: the D/2 sines, then the cosines.
 
     Shape: -> (n_positions, D), float32.
     """
     position = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
     inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (D/2,)
     angles = position * inv_freq  # (P, D/2)
+    if layout == "halves":
+        return torch.cat([angles.sin(), angles.cos()], dim=-1).float()  # (P, D): sin.. | cos..
     pe = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (P, D/2, 2)
     return pe.reshape(n_positions, d_model).float()  # (P, D): sin, cos, sin, cos, ...
 
@@ -82,13 +102,19 @@ class Embedding(nn.Module):
     """Token embedding x sqrt(D) (section 3.4) + sinusoidal positions (3.5), then dropout (5.4)."""
 
     def __init__(
-        self, vocab_size: int, d_model: int, pad_id: int, max_positions: int, dropout: float
+        self,
+        vocab_size: int,
+        d_model: int,
+        pad_id: int,
+        max_positions: int,
+        dropout: float,
+        layout: Literal["interleaved", "halves"] = "interleaved",
     ):
         super().__init__()
         self.token = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
         self.scale = math.sqrt(d_model)
         self.max_positions = max_positions
-        pe = sinusoidal_positions(max_positions, d_model)
+        pe = sinusoidal_positions(max_positions, d_model, layout)
         self.register_buffer("positions", pe, persistent=False)  # (P, D), not in checkpoints
         self.dropout = nn.Dropout(dropout)
 
@@ -113,11 +139,12 @@ class EncoderLayer(nn.Module):
         D = config.d_model
         self.self_attn = SelfAttention(D, config.n_heads, config.attention_dropout, config.d_head)
         self.linear1 = nn.Linear(D, config.d_ff)
-        self.dropout = nn.Dropout(config.activation_dropout)  # after the ReLU
+        self.activation = ACTIVATIONS[config.activation]
+        self.dropout = nn.Dropout(config.activation_dropout)  # after the activation
         self.linear2 = nn.Linear(config.d_ff, D)
         self.norm_first = config.norm_first
-        self.norm1 = nn.LayerNorm(D, eps=1e-5)
-        self.norm2 = nn.LayerNorm(D, eps=1e-5)
+        self.norm1 = nn.LayerNorm(D, eps=config.norm_eps)
+        self.norm2 = nn.LayerNorm(D, eps=config.norm_eps)
         self.dropout1 = nn.Dropout(config.dropout)
         self.dropout2 = nn.Dropout(config.dropout)
 
@@ -135,8 +162,8 @@ class EncoderLayer(nn.Module):
         return self.dropout1(self.self_attn(x, keep=src_keep))
 
     def _ff_block(self, x: Tensor) -> Tensor:
-        """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
-        return self.dropout2(self.linear2(self.dropout(F.relu(self.linear1(x)))))
+        """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2 (max(0, .): `model.activation`)."""
+        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
 
 class DecoderLayer(nn.Module):
@@ -150,12 +177,13 @@ class DecoderLayer(nn.Module):
             D, config.n_heads, config.attention_dropout, config.d_head
         )
         self.linear1 = nn.Linear(D, config.d_ff)
-        self.dropout = nn.Dropout(config.activation_dropout)  # after the ReLU
+        self.activation = ACTIVATIONS[config.activation]
+        self.dropout = nn.Dropout(config.activation_dropout)  # after the activation
         self.linear2 = nn.Linear(config.d_ff, D)
         self.norm_first = config.norm_first
-        self.norm1 = nn.LayerNorm(D, eps=1e-5)
-        self.norm2 = nn.LayerNorm(D, eps=1e-5)
-        self.norm3 = nn.LayerNorm(D, eps=1e-5)
+        self.norm1 = nn.LayerNorm(D, eps=config.norm_eps)
+        self.norm2 = nn.LayerNorm(D, eps=config.norm_eps)
+        self.norm3 = nn.LayerNorm(D, eps=config.norm_eps)
         self.dropout1 = nn.Dropout(config.dropout)
         self.dropout2 = nn.Dropout(config.dropout)
         self.dropout3 = nn.Dropout(config.dropout)
@@ -211,13 +239,13 @@ class DecoderLayer(nn.Module):
         return self.dropout2(out)
 
     def _ff_block(self, x: Tensor) -> Tensor:
-        """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
-        return self.dropout3(self.linear2(self.dropout(F.relu(self.linear1(x)))))
+        """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2 (max(0, .): `model.activation`)."""
+        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
 
 def _final_norm(config: ModelConfig) -> nn.LayerNorm | None:
     # A Post-LN stack already ends in a norm; Pre-LN needs one more (as torch's `norm=`).
-    return nn.LayerNorm(config.d_model, eps=1e-5) if config.norm_first else None
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps) if config.norm_first else None
 
 
 class Encoder(nn.Module):
@@ -309,8 +337,8 @@ class Transformer(nn.Module):
 
     Initialisation follows fairseq's `transformer`: xavier_uniform on every projection (attention,
     feed-forward) with zero biases; embeddings normal(0, D^-0.5) with the pad row zeroed, so the
-    scaled embedding x sqrt(D) has unit variance; an untied generator also normal(0, D^-0.5).
-    LayerNorms start at weight 1, bias 0.
+    scaled embedding x sqrt(D) has unit variance; an untied generator also normal(0, D^-0.5),
+    its bias (`output_bias`) zero. LayerNorms start at weight 1, bias 0.
 
     Args:
         config: the architecture.
@@ -333,13 +361,15 @@ class Transformer(nn.Module):
         D = config.d_model
 
         def embedding(vocab_size: int) -> Embedding:
-            return Embedding(vocab_size, D, pad_id, config.max_positions, config.dropout)
+            return Embedding(
+                vocab_size, D, pad_id, config.max_positions, config.dropout, config.positions
+            )
 
         self.src_embed = embedding(src_vocab_size)
         self.tgt_embed = self.src_embed if tie == "all" else embedding(tgt_vocab_size)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
-        self.generator = nn.Linear(D, tgt_vocab_size, bias=False)
+        self.generator = nn.Linear(D, tgt_vocab_size, bias=config.output_bias)
         self._init_weights()
         if tie != "none":  # section 3.4: the embeddings share the pre-softmax projection's matrix
             self.generator.weight = self.tgt_embed.token.weight

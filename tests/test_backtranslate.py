@@ -3,7 +3,10 @@ record and resume (the bulk translator that `tf distill` shares)."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import pytest
 from test_cli import assert_user_error, tf
 from test_distill import FP32, STUDENT, killed_after
 
+from cli.inference import bulk, engines
 from cli.inference.bulk import complete_lines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,6 +80,103 @@ def test_bad_monolingual_input_is_one_line(trained, tmp_path):
     assert_user_error(
         tf("backtranslate", trained, missing, "--out", tmp_path / "o"), "no such file"
     )
+
+
+def other_text(mono: Path, tmp_path: Path) -> Path:
+    """As many lines as MONO, other text."""
+    other = tmp_path / "other.es"
+    other.write_text("".join(f"{line} otra\n" for line in mono.read_text().splitlines()))
+    return other
+
+
+def test_starting_over_with_other_sources_rewrites_both_sides(trained, mono, tmp_path):
+    """issue 35 item 1: a run killed on one text, then given another of as many lines, said it
+    started over and translated the new text, but train.es still held the old one: a corpus
+    misaligned line for line, reported done."""
+    out = tmp_path / "bt"
+    with pytest.MonkeyPatch.context() as mp:
+        killed_after(mp, 20)
+        assert tf("backtranslate", trained, mono, "--out", out, *FP32, "--greedy").exit_code == 130
+    other = other_text(mono, tmp_path)
+    translated = backtranslated(trained, other, out, "--greedy")
+    assert (out / "train.es").read_text() == other.read_text()
+    assert translated == backtranslated(trained, other, tmp_path / "fresh", "--greedy")
+
+
+def test_a_finished_corpus_is_checked_side_by_side_before_it_is_reported_done(
+    trained, mono, tmp_path
+):
+    """issue 35 item 1: a whole OUT whose real side is not this run's sources, or whose sides
+    differ in length (no record to compare, say), is refused, not reported "already done"."""
+    out = tmp_path / "bt"
+    translated = backtranslated(trained, mono, out, "--greedy")
+    real = (out / "train.es").read_text()
+    (out / "train.es").write_text(other_text(mono, tmp_path).read_text())
+    again = ("backtranslate", trained, mono, "--out", out, *FP32, "--greedy")
+    assert_user_error(tf(*again), f"{out / 'train.es'}: not the sources this run translates")
+    (out / "train.es").write_text(real)
+    (out / "backtranslate.json").unlink()  # made by other means: nothing to compare but sides
+    (out / "train.en").write_text("".join(f"{line}\n" for line in translated[:-1]))
+    assert_user_error(
+        tf(*again), f"{out / 'train.en'}: {len(translated) - 1} translations for the "
+        f"{len(translated)} lines of train.es"
+    )  # fmt: skip
+
+
+def test_a_resume_knows_its_input_by_content_not_by_its_path(
+    trained, mono, tmp_path, monkeypatch, caplog
+):
+    """issue 35 item 2: MONO given as a relative path after an absolute one (or an identical
+    copy) threw the partial work away and started over; a whole corpus asked for again through
+    a copy was refused."""
+    out = tmp_path / "bt"
+    partial = out / ".train.en.partial"
+    with pytest.MonkeyPatch.context() as mp:
+        killed_after(mp, 30)
+        tf("backtranslate", trained, mono, "--out", out, *FP32, "--greedy")
+    kept = partial.read_text().splitlines()
+    partial.write_text("\n".join(["first", "second", *kept[2:]]) + "\n")  # marks: kept or not
+    monkeypatch.chdir(mono.parent)
+    with caplog.at_level(logging.WARNING):
+        resumed = backtranslated(trained, Path(mono.name), out, "--greedy")
+    assert resumed[:2] == ["first", "second"]
+    assert len(resumed) == len(mono.read_text().splitlines())
+    assert not [r for r in caplog.records if "starting over" in r.getMessage()]
+    copy = tmp_path / "copy.es"
+    shutil.copyfile(mono, copy)
+    again = tf("backtranslate", trained, copy, "--out", out, *FP32, "--greedy")
+    assert again.exit_code == 0 and "already back-translated" in again.stdout, again.output
+
+
+def test_an_empty_monolingual_file_is_a_one_line_error(trained, tmp_path):
+    """issue 35 item 15: it reported "0 pairs" and wrote empty files, for training to fail on."""
+    for text in ("", "\n  \n"):
+        empty = tmp_path / "empty.es"
+        empty.write_text(text)
+        result = tf("backtranslate", trained, empty, "--out", tmp_path / "o")
+        assert_user_error(result, f"{empty}: no text to back-translate")
+        assert not (tmp_path / "o").exists()
+
+
+def test_a_kill_loses_at_most_one_group_of_lines(trained, mono, tmp_path, monkeypatch):
+    """issue 35 item 15: nothing reached the partial file before a whole 4,096-line chunk was
+    translated, so a kill (SIGKILL: no buffer flushed) lost it all. Now the lines are searched
+    FLUSH_EVERY at a time, and each search starts with every line before it on disk."""
+    monkeypatch.setattr(bulk, "FLUSH_EVERY", 16)
+    partial = tmp_path / "bt" / ".train.en.partial"
+    searched, on_disk = [], []
+    real = engines.translate_ids
+
+    def translate_ids(model, tokenizer, src_ids, *args, **kwargs):
+        # What a SIGKILL now would leave: the bytes that reached the file, not Python's buffer.
+        on_disk.append(partial.read_bytes().count(b"\n"))
+        searched.append(len(src_ids))
+        return real(model, tokenizer, src_ids, *args, **kwargs)
+
+    monkeypatch.setattr(engines, "translate_ids", translate_ids)
+    backtranslated(trained, mono, tmp_path / "bt", "--greedy")
+    assert sum(searched) == len(mono.read_text().splitlines()) and max(searched) == 16
+    assert on_disk == list(itertools.accumulate([0, *searched[:-1]]))
 
 
 def test_make_backtranslate_runs_the_whole_recipe(tiny_prefix, tmp_path):

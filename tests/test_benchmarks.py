@@ -154,6 +154,10 @@ def test_run_smoke_end_to_end(out, trained, capsys):
     assert printed.index("section decode: ") < printed.index("== the same model")
     check_corpus(bench["corpus"])
     assert set(bench["serve"]["serve"]) == {"1", "4"}  # JSON keys: the clients of smoke size
+    (precision,) = set(bench["finetune"]) & {"fp32", "bf16"}  # the machine's own (auto)
+    both = bench["finetune"][precision]
+    assert both["ratio"] > 0 and both["tf"]["peak_rss_gb"] > 0
+    assert both["transformers"]["tokens_per_s"] > 0 and "CPU: " in printed
 
 
 def check_corpus(results: dict) -> None:

@@ -151,3 +151,15 @@ def test_a_partial_file_without_a_record_starts_over(trained, tiny_prefix, tmp_p
     translated = distilled(trained, out, "--beam", "1")
     assert "made" not in translated
     assert len(translated) == len(Path(f"{tiny_prefix}.es").read_text().splitlines())
+
+
+def test_make_distill_trains_the_students_own_tokenizer_when_asked():
+    """STUDENT_TOKENIZER= (empty): the student trains a tokenizer of its config's size, as a
+    small student of an imported teacher (OPUS-MT's 65k pieces) wants; by default the
+    teacher's."""
+    make = ["make", "-n", "distill", "TEACHER=runs/teacher"]
+    own = subprocess.run([*make, "STUDENT_TOKENIZER="], cwd=ROOT, capture_output=True, text=True)
+    default = subprocess.run(make, cwd=ROOT, capture_output=True, text=True)
+    assert own.returncode == default.returncode == 0
+    assert "data.tokenizer" not in own.stdout
+    assert "--set data.tokenizer=runs/teacher/tokenizer" in default.stdout

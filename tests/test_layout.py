@@ -2,8 +2,8 @@
 
     cli/main.py                    the Typer app
     cli/commands/                  one thin file per command
-    cli/training/, cli/inference/, cli/exporters/    libraries, by kind of work
-    cli/config.py, device.py, files.py, figures.py   what every room uses
+    cli/training/, cli/inference/, cli/exporters/, cli/importers/    libraries, by kind
+    cli/config.py, device.py, figures.py   what every room uses
 
 commands -> libraries -> shared -> data/, model/; no command imports another, no library imports
 a command, and model/ and data/ never import cli.
@@ -16,9 +16,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / "cli"
-LIBRARIES = ("training", "inference", "exporters")
+LIBRARIES = ("training", "inference", "exporters", "importers")
 ROOMS = ("commands", *LIBRARIES)
-SHARED = {"config", "device", "files", "figures"}
+SHARED = {"config", "device", "figures"}
 LONGEST_FUNCTION = 60
 
 

@@ -10,7 +10,13 @@ from torch.testing import assert_close
 
 from benchmarks.uncached import uncached_start
 from model.search import greedy_search
-from model.transformer import ModelConfig, Transformer, causal_mask, count_parameters
+from model.transformer import (
+    ModelConfig,
+    Transformer,
+    causal_mask,
+    count_parameters,
+    sinusoidal_positions,
+)
 
 PAD, BOS, EOS = 0, 2, 3
 VOCAB = 40
@@ -49,11 +55,18 @@ def torch_reference(model: Transformer) -> tuple[nn.TransformerEncoder, nn.Trans
 
     def layer(cls: type[nn.Module]) -> nn.Module:
         return cls(
-            c.d_model, c.n_heads, c.d_ff, dropout=0.0, batch_first=True, norm_first=c.norm_first
+            c.d_model,
+            c.n_heads,
+            c.d_ff,
+            dropout=0.0,
+            activation={"relu": F.relu, "gelu": F.gelu, "swish": F.silu}[c.activation],
+            layer_norm_eps=c.norm_eps,
+            batch_first=True,
+            norm_first=c.norm_first,
         )
 
     def final_norm() -> nn.LayerNorm | None:
-        return nn.LayerNorm(c.d_model) if c.norm_first else None
+        return nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.norm_first else None
 
     encoder = nn.TransformerEncoder(
         layer(nn.TransformerEncoderLayer),
@@ -70,9 +83,18 @@ def torch_reference(model: Transformer) -> tuple[nn.TransformerEncoder, nn.Trans
     return encoder.to(dtype).eval(), decoder.to(dtype).eval()
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_matches_torch_transformer_at_real_positions(norm_first):
-    model = tiny_model(norm_first=norm_first).double()
+@pytest.mark.parametrize(
+    "switches",
+    [
+        dict(norm_first=False),
+        dict(norm_first=True),
+        # what an OPUS-MT import sets (positions are the embeddings', outside the stacks)
+        dict(activation="swish", norm_eps=1e-6),
+        dict(activation="gelu"),
+    ],
+)
+def test_matches_torch_transformer_at_real_positions(switches):
+    model = tiny_model(**switches).double()
     encoder, decoder = torch_reference(model)
     src, src_pad, tgt_in, tgt_pad = batch()
     with torch.no_grad():
@@ -322,8 +344,9 @@ def test_positions_beyond_max_positions_are_an_error():
 
 @pytest.mark.parametrize("tie", ["none", "decoder", "all"])
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_parameter_count_formula(tie, norm_first):
-    config = tiny_config(tie_embeddings=tie, norm_first=norm_first)
+@pytest.mark.parametrize("output_bias", [False, True])
+def test_parameter_count_formula(tie, norm_first, output_bias):
+    config = tiny_config(tie_embeddings=tie, norm_first=norm_first, output_bias=output_bias)
     src_vocab = VOCAB if tie == "all" else VOCAB + 7
     model = Transformer(config, src_vocab, VOCAB, PAD)
     assert count_parameters(config, src_vocab, VOCAB) == model.num_parameters()
@@ -406,3 +429,23 @@ def test_training_under_cpu_autocast_takes_the_written_out_attention(monkeypatch
     calls.clear()
     model(src, src, pad, pad)  # fp32: SDPA's fused kernel
     assert not calls
+
+
+def test_halves_positions_are_the_interleaved_ones_reordered():
+    """model.positions "halves" (Marian's): the same sines and cosines, sines first."""
+    interleaved = sinusoidal_positions(50, 16)
+    halves = sinusoidal_positions(50, 16, "halves")
+    assert torch.equal(halves, torch.cat([interleaved[:, 0::2], interleaved[:, 1::2]], dim=1))
+    model = tiny_model(positions="halves")
+    assert torch.equal(model.src_embed.positions, sinusoidal_positions(1024, 16, "halves"))
+
+
+def test_output_bias_is_added_to_every_logit_and_starts_at_zero():
+    model = tiny_model(output_bias=True)
+    assert torch.equal(model.generator.bias, torch.zeros(VOCAB))
+    src, src_pad, tgt_in, tgt_pad = batch()
+    with torch.no_grad():
+        before = model(src, tgt_in, src_pad, tgt_pad)
+        model.generator.bias.copy_(torch.arange(VOCAB, dtype=torch.float))
+        after = model(src, tgt_in, src_pad, tgt_pad)
+    assert_close(after - before, torch.arange(VOCAB, dtype=torch.float).expand_as(before))

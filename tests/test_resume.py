@@ -17,9 +17,11 @@ from cli.main import app
 from cli.training import distributed
 from cli.training.checkpoint import load_checkpoint
 from cli.training.optim import inverse_sqrt
-from cli.training.run import TrainingError, prepare_tokenizer, resume_config, start_run
+from cli.training.run import TrainingError, resume_config, start_run
 from cli.training.trainer import Trainer
 from data.corpus import load_corpus
+from data.errors import InputError
+from data.pipeline import choose_tokenizer
 from data.tokenizer import Tokenizer
 
 
@@ -153,12 +155,12 @@ def test_a_resumed_run_refuses_a_tokenizer_it_was_not_trained_with(tmp_path, tin
     config = config_for(tiny_prefix)
     run = start_run(config, tmp_path / "run", force=False)
     corpus = load_corpus(tiny_prefix, "es", "en")
-    prepare_tokenizer(config, run, corpus, resume=False)
+    choose_tokenizer(config.data, run.tokenizer, corpus, seed=1, resume=False)
     other = config_for(tiny_prefix, "data.tokenizer_type=unigram")
-    with pytest.raises(TrainingError, match=r"tokenizer_type 'bpe' \(config: 'unigram'\)"):
-        prepare_tokenizer(other, run, corpus, resume=True)
+    with pytest.raises(InputError, match=r"tokenizer_type 'bpe' \(config: 'unigram'\)"):
+        choose_tokenizer(other.data, run.tokenizer, corpus, seed=1, resume=True)
     # A new run (or --force) retrains it instead.
-    assert prepare_tokenizer(other, run, corpus, resume=False) is not None
+    assert choose_tokenizer(other.data, run.tokenizer, corpus, seed=1, resume=False) is not None
     settings = json.loads((run.tokenizer / "settings.json").read_text())
     assert settings["tokenizer_type"] == "unigram"
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from cli.files import check_output
 from cli.training.checkpoint import CheckpointError, load_checkpoint, save_atomic
 from cli.training.run import RunDir
+from data.files import check_output
 
 
 def checkpoints_to_average(sources: list[str], last: int) -> list[Path]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from cli.device import pick_device
 from cli.inference.bulk import translate_corpus
 from cli.inference.engines import load_engine
+from data.errors import InputError
 from data.text import read_file_lines
 
 
@@ -33,7 +34,9 @@ def run_backtranslate(
 ) -> str:
     """Translate MONO with the reverse model RUN into OUT (see the module docstring)."""
     lines = [" ".join(line.split()) for line in read_file_lines(mono)]
+    if not any(lines):  # else "0 pairs" now, and a corpus that training refuses later
+        raise InputError(f"{mono}: no text to back-translate (empty, or blank lines only)")
     device = pick_device(device_name)
     engine = load_engine(run, device, overrides)
-    extra = {"monolingual": str(mono)}
+    extra = {"monolingual": str(mono)}  # for the reader: the sources' digest identifies them
     return translate_corpus(engine, run, device, lines, out, "backtranslate", extra)

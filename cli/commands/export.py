@@ -44,8 +44,10 @@ def run_export(run: str, to: str, out: Path, quantization: str | None, force: bo
         else:
             staging.mkdir(parents=True)
             export_marian(model, tokenizer, config, staging)
-            step = load_checkpoint(resolve_checkpoint(run)[0]).get("step")
-            card = model_card(model, tokenizer, config, step, run_scores(run))
+            ckpt = load_checkpoint(resolve_checkpoint(run)[0])
+            card = model_card(
+                model, tokenizer, config, ckpt.get("step"), run_scores(run), ckpt.get("imported")
+            )
             (staging / "README.md").write_text(card, encoding="utf-8")
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)

@@ -70,8 +70,8 @@ def plot_curves(run_dir: Path, out_png: Path) -> Path:
     Returns:
         out_png.
     """
-    from cli.files import atomic_output, check_output
     from cli.training.run import RunDir
+    from data.files import atomic_output, check_output
 
     check_output(out_png)
     train, dev = read_metrics(RunDir(run_dir).metrics)

@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 from cli.config import Config
-from cli.files import check_output
 from cli.training.checkpoint import (
     FORMAT,
     build_model,
@@ -28,6 +27,7 @@ from cli.training.checkpoint import (
     save_atomic,
 )
 from data.errors import InputError
+from data.files import check_output
 from data.tokenizer import Tokenizer
 from model.attention import MultiheadAttention
 from model.transformer import DecoderLayer, EncoderLayer, Transformer

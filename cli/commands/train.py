@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 
 from cli.config import Config, save_config
-from cli.files import atomic_output
 from cli.training import distributed
 from cli.training.preflight import check_settings
 from cli.training.run import RunDir, start_run
 from cli.training.trainer import Trainer
+from data.files import atomic_output
 
 log = logging.getLogger(__name__)
 

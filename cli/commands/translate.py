@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cli.device import pick_device
-from cli.files import atomic_output, check_output
 from cli.inference.decoding import as_they_arrive, chunks, format_hypotheses
 from cli.inference.engines import load_engine
 from cli.inference.requests import read_requests
 from data.errors import InputError
+from data.files import atomic_output, check_output
 from data.text import check_readable, read_lines
 from model.transformer import Transformer
 

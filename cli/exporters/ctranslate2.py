@@ -4,8 +4,11 @@ Our parameters map one to one onto `TransformerSpec`: the fused (3D, D) self-att
 projection is CTranslate2's fused `linear[0]`; cross-attention splits the same matrix into the
 query rows and the fused key/value rows, as CTranslate2 expects; Post-LN is `pre_norm=False`
 (each sub-layer's norm after its residual, no final norm), Pre-LN adds the final norms. Our own
-sinusoidal table is written into the model (CTranslate2's generated one lays sin and cos out
-differently). Sources carry no BOS or EOS and the decoder starts from BOS, as in `tf`.
+sinusoidal table is written into the model, in whichever layout the model has
+(`model.positions`). Sources carry what `tf`'s tokenizer gives them (no BOS or EOS; an imported
+Marian model's end in EOS) and the decoder starts from `model.decoder_start`'s token, as in
+`tf`. The pad token is never an output (tf's search bans it): its logit gets a bias so low
+that no softmax ever gives it any probability.
 
 The directory also holds the SentencePiece model(s) and `tf_config.yaml` (the run's config),
 so that `tf translate DIR` runs it with the same tokenizer and decode settings.
@@ -19,10 +22,15 @@ from pathlib import Path
 import torch
 
 from cli.config import Config, save_config
+from data.errors import InputError
 from data.tokenizer import Tokenizer
 from model.transformer import Transformer
 
 TF_CONFIG = "tf_config.yaml"
+ACTIVATIONS = {"relu": "RELU", "swish": "SWISH", "gelu": "GELU"}  # model.activation -> CT2's
+# A logit this far below the others has a probability of exactly 0 in float32 and float16 alike
+# (exp(-1e4) underflows both), and stays finite where -inf could make a kernel's NaN.
+PAD_BIAS = -1e4
 
 
 def is_ctranslate2_dir(path: str | Path) -> bool:
@@ -53,11 +61,13 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
     from ctranslate2.specs import transformer_spec as ts
 
     c = model.config
+    if c.norm_eps != 1e-5:
+        raise InputError(f"CTranslate2's LayerNorms use eps 1e-5: model.norm_eps is {c.norm_eps:g}")
     spec = ts.TransformerSpec.from_config(
         (c.n_encoder_layers, c.n_decoder_layers),
         c.n_heads,
         pre_norm=c.norm_first,
-        activation=common_spec.Activation.RELU,
+        activation=getattr(common_spec.Activation, ACTIVATIONS[c.activation]),
     )
     # Copies: CTranslate2 may change the arrays in place (quantization), never our weights.
     weights = {k: v.detach().float().cpu().numpy().copy() for k, v in model.state_dict().items()}
@@ -89,16 +99,26 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
         _norm(spec.encoder.layer_norm, weights, "encoder.norm.")
         _norm(spec.decoder.layer_norm, weights, "decoder.norm.")
     spec.decoder.projection.weight = weights["generator.weight"]
-    spec.decoder.projection.bias = torch.zeros(weights["generator.weight"].shape[0]).numpy()
+    spec.decoder.projection.bias = output_bias(weights, tokenizer)
     spec.register_source_vocabulary(tokenizer.src_vocabulary())
     spec.register_target_vocabulary(tokenizer.tgt_vocabulary())
     pieces = tokenizer.tgt_vocabulary()
+    start = tokenizer.decoder_start_id(c.decoder_start)
     spec.config.unk_token = pieces[tokenizer.unk_id]
-    spec.config.bos_token = pieces[tokenizer.bos_id]
+    spec.config.bos_token = pieces[start if tokenizer.bos_id is None else tokenizer.bos_id]
     spec.config.eos_token = pieces[tokenizer.eos_id]
-    spec.config.decoder_start_token = pieces[tokenizer.bos_id]
-    spec.config.add_source_bos = spec.config.add_source_eos = False
+    spec.config.decoder_start_token = pieces[start]
+    spec.config.add_source_bos = spec.config.add_source_eos = False  # the tokenizer's business
     return spec
+
+
+def output_bias(weights: dict, tokenizer: Tokenizer):
+    """The generator's bias (`model.output_bias`, else zeros), pad's set out of reach."""
+    rows = weights["generator.weight"].shape[0]
+    bias = weights.get("generator.bias", torch.zeros(rows).numpy()).copy()
+    if tokenizer.pad_id != tokenizer.eos_id:
+        bias[tokenizer.pad_id] = PAD_BIAS
+    return bias
 
 
 def _pair(weights: dict, prefix: str):

@@ -14,6 +14,7 @@ from typing import Any
 
 from cli.config import Config
 from cli.training.checkpoint import CheckpointError, resolve_checkpoint
+from data.marian import MarianTokenizer
 from data.tokenizer import Tokenizer
 from model.transformer import Transformer
 
@@ -44,8 +45,10 @@ def model_card(
     config: Config,
     step: int | None,
     scores: dict[str, Any] | None,
+    imported: dict[str, Any] | None = None,
 ) -> str:
-    """README.md for the exported directory: Hub metadata, then the card itself."""
+    """README.md for the exported directory: Hub metadata, then the card itself. `imported`:
+    the checkpoint's record of `tf import` (a pretrained model exported again)."""
     d = config.data
     metadata = [
         "---",
@@ -59,9 +62,9 @@ def model_card(
         "\n".join(metadata),
         f"# {d.src_lang}→{d.tgt_lang} translation: a Transformer trained with `tf`",
         f"A Post-LN Transformer encoder-decoder ({model.num_parameters():,} parameters) "
-        "trained from scratch with `tf`, exported as a `MarianMTModel` with a fast tokenizer: "
+        f"{origin(config, imported)}, exported as a `MarianMTModel`: "
         "it loads and runs as any Hugging Face translation model does.",
-        "## How to use\n\n" + usage(d.src_lang),
+        "## How to use\n\n" + usage(d.src_lang, isinstance(tokenizer, MarianTokenizer)),
         "## Data\n\n" + data_section(config),
         "## Model and training\n\n" + shape_section(model, tokenizer, config, step),
         "## Evaluation\n\n" + scores_section(scores),
@@ -69,7 +72,16 @@ def model_card(
     return "\n\n".join(sections) + "\n"
 
 
-def usage(src_lang: str) -> str:
+def origin(config: Config, imported: dict[str, Any] | None) -> str:
+    """Where the weights come from, in words."""
+    if imported:
+        return f"imported into `tf` from `{imported.get('source', '?')}`"
+    if config.train.init:
+        return f"fine-tuned with `tf` from `{config.train.init}`"
+    return "trained from scratch with `tf`"
+
+
+def usage(src_lang: str, marian_tokenizer: bool = False) -> str:
     example = "Y dijo Dios: Sea la luz." if src_lang == "es" else "..."
     return (
         "```python\n"
@@ -83,8 +95,14 @@ def usage(src_lang: str) -> str:
         "and `tf`'s length limit (one number for all sentences here, `a * len(src) + b` per "
         "sentence in `tf`: the two differ only for a sentence that `tf` cuts at its limit). "
         "`num_beams=5` runs the beam search of `transformers`, whose length penalty divides by "
-        "`len ** alpha` where `tf`'s divides by GNMT's `((5 + len) / 6) ** alpha`. The tokenizer "
-        "adds no token to a sentence: the model was trained on sources without an EOS."
+        "`len ** alpha` where `tf`'s divides by GNMT's `((5 + len) / 6) ** alpha`. "
+        + (
+            "The tokenizer is the pretrained model's MarianTokenizer, which ends every source "
+            "with an EOS, as the model was trained."
+            if marian_tokenizer
+            else "The tokenizer adds no token to a sentence: the model was trained on sources "
+            "without an EOS."
+        )
     )
 
 
@@ -115,7 +133,9 @@ def shape_section(
         ("width", f"d_model {c.d_model}, {c.n_heads} heads, feed-forward {c.d_ff}"),
         (
             "vocabulary",
-            f"{tokenizer.src_vocab_size} SentencePiece {d.tokenizer_type} pieces, joint",
+            f"{tokenizer.src_vocab_size} pieces, Marian's vocabulary over SentencePiece"
+            if isinstance(tokenizer, MarianTokenizer)
+            else f"{tokenizer.src_vocab_size} SentencePiece {d.tokenizer_type} pieces, joint",
         ),
         ("embeddings", f"tied: {c.tie_embeddings}; sinusoidal positions up to {c.max_positions}"),
         (

@@ -85,10 +85,14 @@ def search_batch(
     eos_id: int,
     start: Start = cached_start,
     guides: list[Guide | None] | None = None,
+    pad_id: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate one padded batch of source ids: `decode.nbest` hypotheses per sentence, best
     first, with `decode`'s search settings; a sentence's guide forces a prefix (any search)
-    or constraints (beam search, `model.constraints`; greedy is its beam of 1)."""
+    or constraints (beam search, `model.constraints`; greedy is its beam of 1). `pad_id`, when
+    given, is never chosen: no target holds it, and a model whose decoder starts from it
+    (Marian's) may still rate it high (OPUS-MT's `bad_words_ids` ban it too; CTranslate2
+    exports hold it out of their softmax, as here)."""
     memory = model.encode(batch.src, batch.src_pad_mask)  # (B, S, D), a list for an ensemble
     cache, decode_step = start(model, memory, batch.src_pad_mask)
     src_lens = (~batch.src_pad_mask).sum(dim=1)  # (B,)
@@ -96,7 +100,10 @@ def search_batch(
     max_lens = (decode.max_len_a * src_lens + decode.max_len_b).long().clamp(1, limit)
 
     def step(tokens: Tensor, state: DecoderCache) -> tuple[Tensor, DecoderCache]:
-        return F.log_softmax(decode_step(tokens, state).float(), dim=-1), state
+        logits = decode_step(tokens, state).float()
+        if pad_id is not None and pad_id != eos_id:
+            logits[:, pad_id] = float("-inf")  # the other tokens' distribution, normalised
+        return F.log_softmax(logits, dim=-1), state
 
     def reorder(state: DecoderCache, index: Tensor, group: int) -> DecoderCache:
         return state.reorder(index, group)
@@ -181,13 +188,14 @@ def translate_ids(
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
     todo = [i for i, ids in enumerate(src_ids) if ids]  # empty lines stay empty
     lens = [len(src_ids[i]) for i in todo]
+    start_id = tokenizer.decoder_start_id(model.config.decoder_start)
     for group in batch_by_tokens(lens, [0] * len(lens), decode.max_tokens, max_sentences):
         rows = [todo[j] for j in group]
         batch = collate(
             [src_ids[i] for i in rows],
             None,
             tokenizer.pad_id,
-            tokenizer.bos_id,
+            start_id,
             tokenizer.eos_id,
             rows,
         ).to(device)
@@ -196,10 +204,11 @@ def translate_ids(
                 model,
                 batch,
                 decode,
-                tokenizer.bos_id,
+                start_id,
                 tokenizer.eos_id,
                 start,
                 [guides[i] for i in rows] if guides else None,
+                pad_id=tokenizer.pad_id,
             )
         for i, h in zip(rows, hyps):
             results[i] = h

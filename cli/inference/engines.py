@@ -46,18 +46,28 @@ class Engine:
     model: Transformer | Ensemble | None = None  # the PyTorch model(s), when that is the engine
 
     def stream(
-        self, lines: Iterable[str | Request], source: str, group: Grouping = chunks
+        self,
+        lines: Iterable[str | Request],
+        source: str,
+        group: Grouping = chunks,
+        first: int = 1,
     ) -> Results:
         """(source ids as translated, hypotheses) for each input line (its text, or a Request
         with a prefix and constraints), in order, group by group (`chunks`, or
         `as_they_arrive` for interactive input), with the config's settings; the ids are
-        encoded and truncated once, here (`--attention` reuses them)."""
-        max_src, first = self.config.model.max_positions, 1
+        encoded and truncated once, here (`--attention` reuses them). Messages call the lines
+        `source:N`, the first N `first`. A line that asked for what no translation can hold is
+        an InputError naming it (`check_found`)."""
+        max_src = self.config.model.max_positions
         for chunk in group(lines):
             texts = [r.text if isinstance(r, Request) else r for r in chunk]
             src_ids = encode_sources(self.tokenizer, texts, max_src, source, first)
             guides = self.guides(chunk, src_ids, source, first)
-            yield from zip(src_ids, self.search(src_ids, self.config.decode, guides))
+            found = self.search(src_ids, self.config.decode, guides)
+            for n, (ids, hyps) in enumerate(zip(src_ids, found)):
+                guide = guides[n] if guides else None
+                check_found(hyps, ids, guide, self.config, f"{source}:{first + n}")
+            yield from zip(src_ids, found)
             first += len(chunk)
 
     def guides(self, chunk: list, src_ids: list[list[int]], source: str, first: int) -> Guides:
@@ -75,10 +85,28 @@ class Engine:
                     f"{where}: constraints need beam search; sampling cannot keep them"
                 )
             limit = length_limit(len(ids), self.config)
-            guides.append(
-                encode_guide(self.tokenizer, request, limit, where, self.model is not None)
-            )
+            ours = self.model is not None  # CTranslate2 has no constraints
+            guides.append(encode_guide(self.tokenizer, request, len(ids), limit, where, ours))
         return guides
+
+
+def check_found(
+    hyps: list[Hypothesis], src_ids: list[int], guide: Guide | None, config: Config, where: str
+) -> None:
+    """A translation came out of the search for a line, or an InputError naming it. The search
+    has none (nothing, or a dead end scored -inf) when the line's constraints can no longer be
+    met (a phrase repeated under `decode.no_repeat_ngram_size`, say) or, rarely, when the rules
+    alone leave no way to end (`decode.min_len` against the n-gram ban): the request's fault,
+    never a translation to print empty."""
+    if hyps and hyps[0].log_prob != float("-inf"):
+        return
+    dec = config.decode
+    rules = f"within its length limit of {length_limit(len(src_ids), config)} pieces"
+    if dec.no_repeat_ngram_size:
+        rules += f" without repeating a {dec.no_repeat_ngram_size}-gram (no_repeat_ngram_size)"
+    if guide is not None and guide.constraints:
+        raise InputError(f"{where}: no translation can hold this line's constraints {rules}")
+    raise InputError(f"{where}: the search found no translation {rules}, min_len {dec.min_len}")
 
 
 def load_engine(
@@ -106,12 +134,8 @@ def load_engine(
     model, tokenizer, config = load_for_inference(runs[0], device)
     models = [model]
     for other in runs[1:]:
-        member, member_tokenizer, _ = load_for_inference(other, device)
-        if member_tokenizer.digest() != tokenizer.digest():
-            raise InputError(
-                f"{other}: its tokenizer is not {runs[0]}'s; an ensemble needs one tokenizer "
-                f"(train the others with --set data.tokenizer={runs[0]}/tokenizer)"
-            )
+        member, member_tokenizer, member_config = load_for_inference(other, device)
+        check_member(other, member_tokenizer, member_config, runs[0], tokenizer, config)
         models.append(member)
     config = with_overrides(config, overrides)
     if int8:
@@ -129,6 +153,37 @@ def load_engine(
         return translate_ids(model, tokenizer, src_ids, decode, device, guides=guides)
 
     return Engine(tokenizer, config, search, model)
+
+
+def check_member(
+    run: str,
+    tokenizer: Tokenizer,
+    config: Config,
+    first: str,
+    first_tokenizer: Tokenizer,
+    first_config: Config,
+) -> None:
+    """An ensemble's member `run` decodes with the first run `first`: one tokenizer, and the
+    same direction (one tokenizer serves es->en and en->es alike, and the mean of two opposite
+    models' log-probabilities is garbage with exit 0)."""
+    if tokenizer.digest() != first_tokenizer.digest():
+        raise InputError(
+            f"{run}: its tokenizer is not {first}'s; an ensemble needs one tokenizer "
+            f"(train the others with --set data.tokenizer={first}/tokenizer)"
+        )
+    ours, theirs = first_config.data, config.data
+    if (theirs.src_lang, theirs.tgt_lang) != (ours.src_lang, ours.tgt_lang):
+        raise InputError(
+            f"{run}: translates {theirs.src_lang}->{theirs.tgt_lang}, {first} "
+            f"{ours.src_lang}->{ours.tgt_lang}; an ensemble's members share their languages "
+            "(data.src_lang, data.tgt_lang)"
+        )
+    start, first_start = config.model.decoder_start, first_config.model.decoder_start
+    if start != first_start:  # every step feeds all members the same tokens
+        raise InputError(
+            f"{run}: its decoder starts from {start}, {first}'s from {first_start} "
+            "(model.decoder_start); an ensemble's members start alike"
+        )
 
 
 def quantize_int8(model: Transformer, device: torch.device) -> Transformer:
@@ -244,7 +299,7 @@ def _search_ct2(translator, tokenizer, src_ids, rows, limit, config, results, gu
         search = dict(
             beam_size=1,
             num_hypotheses=decode.beam_size,
-            sampling_topk=max(decode.sampling_topk, 0),  # its 0 is every token, our -1
+            sampling_topk=_ct2_topk(decode.sampling_topk, tokenizer.tgt_vocab_size),
             sampling_topp=decode.sampling_topp,
             sampling_temperature=decode.sampling_temperature,
         )
@@ -268,6 +323,13 @@ def _search_ct2(translator, tokenizer, src_ids, rows, limit, config, results, gu
     for i, source, result in zip(rows, sources, found):
         hyps = _tf_hypotheses(translator, tokenizer, source, result, limit, decode)
         results[i] = hyps[: decode.nbest]
+
+
+def _ct2_topk(topk: int, vocab_size: int) -> int:
+    """CTranslate2's sampling_topk for ours: its 0 is every token, our -1; a k past the
+    vocabulary is every token too, as `model.search.sample_tokens` takes it (CTranslate2 would
+    fail every batch on it)."""
+    return 0 if topk < 0 or topk >= vocab_size else topk
 
 
 def _ct2_alpha(decode: DecodeConfig) -> float:

@@ -80,7 +80,8 @@ def attention_matrix(
     """
     device = next(model.parameters()).device
     src = torch.tensor([src_ids], dtype=torch.long, device=device)  # (1, S)
-    tgt_in = torch.tensor([[tokenizer.bos_id, *hyp_tokens]], dtype=torch.long, device=device)
+    start = tokenizer.decoder_start_id(model.config.decoder_start)
+    tgt_in = torch.tensor([[start, *hyp_tokens]], dtype=torch.long, device=device)
     src_pad_mask = torch.zeros_like(src, dtype=torch.bool)  # (1, S) one sentence: no padding
     probabilities = model.cross_attention(src, tgt_in, src_pad_mask, None)  # (L, 1, H, T, S)
     heads = probabilities[layer, 0]  # (H, T, S)

@@ -76,6 +76,8 @@ def read_requests(lines: Iterable[str], source: str) -> Iterator[Request]:
             item = json.loads(line)
         except (json.JSONDecodeError, RecursionError) as e:
             raise InputError(f"{source}:{number}: not a JSON object ({e})") from None
+        except ValueError:  # Python reads no integer of over 4,300 digits (as `tf serve` says)
+            raise InputError(f"{source}:{number}: a number too long to read") from None
         try:
             yield request_of(item, f"{source}:{number}")
         except ValueError as e:
@@ -83,21 +85,39 @@ def read_requests(lines: Iterable[str], source: str) -> Iterator[Request]:
 
 
 def encode_guide(
-    tokenizer: Tokenizer, request: Request, max_len: int, where: str, constraints_ok: bool = True
+    tokenizer: Tokenizer,
+    request: Request,
+    src_len: int,
+    max_len: int,
+    where: str,
+    constraints_ok: bool = True,
 ) -> Guide | None:
-    """The request's Guide (None when it asks nothing), checked: every constraint spelled by
-    known pieces, and the prefix and constraints within the output's length limit `max_len`.
+    """The request's Guide (None when it asks nothing), checked: a source to translate, the
+    prefix and every constraint spelled by known pieces, and the prefix and constraints within
+    the output's length limit `max_len`.
+
+    A prefix or constraints on an empty source (`src_len` 0 pieces) are refused rather than
+    decoded or ignored: there is nothing to translate (training never shows the model an empty
+    source: cleaning drops them, and its encoder would attend over no token at all) and an empty
+    line's translation is empty on every engine, so the request could only be dropped silently.
 
     Raises:
         InputError: naming `where` (the line) and what is wrong.
     """
     if not request.prefix and not request.constraints:
         return None
+    if src_len == 0:
+        raise InputError(
+            f"{where}: a prefix or constraints, but no text to translate (an empty line's "
+            "translation is empty)"
+        )
     if request.constraints and not constraints_ok:
         raise InputError(
             f"{where}: CTranslate2 has no lexical constraints; translate with the run itself"
         )
     prefix, *phrases = tokenizer.encode_tgt([request.prefix, *request.constraints])
+    if tokenizer.unk_id in prefix:  # it would come out as " ⁇ "
+        raise InputError(f"{where}: the prefix {request.prefix!r} has pieces the tokenizer lacks")
     for text, ids in zip(request.constraints, phrases):
         if not ids:
             raise InputError(f"{where}: an empty constraint")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from cli.config import DecodeConfig
 from cli.inference.batcher import Batcher, QueueFull
-from cli.inference.engines import Engine, length_limit
+from cli.inference.engines import Engine, check_found, length_limit
 from cli.inference.requests import Guide, Request, encode_guide, request_of
 from data.errors import InputError
 
@@ -125,7 +125,9 @@ def guides_of(
         limit = length_limit(len(ids), replace(engine.config, decode=decode))
         try:
             ours = engine.model is not None  # CTranslate2 has no constraints
-            guides.append(encode_guide(engine.tokenizer, request, limit, f"text[{i}]", ours))
+            guides.append(
+                encode_guide(engine.tokenizer, request, len(ids), limit, f"text[{i}]", ours)
+            )
         except InputError as e:
             raise RequestError(400, str(e)) from None
     return guides
@@ -256,6 +258,12 @@ async def translate_request(request, engine: Engine, batcher: Batcher, limits: L
     except QueueFull as e:
         raise RequestError(503, f"busy: {e}; try again", {"Retry-After": RETRY_AFTER}) from None
     found = await answer(request, done)
+    settings = replace(engine.config, decode=decode)
+    for i, (ids, hyps) in enumerate(zip(src_ids, found)):
+        try:
+            check_found(hyps, ids, guides[i] if guides else None, settings, f"text[{i}]")
+        except InputError as e:  # constraints no translation can hold: the request's fault
+            raise RequestError(400, str(e)) from None
     return engine.tokenizer.decode_tgt([hyps[0].tokens for hyps in found])
 
 

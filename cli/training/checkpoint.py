@@ -17,8 +17,10 @@ from typing import Any
 import torch
 
 from cli.config import Config, ConfigError, check_config, from_dict
-from cli.files import atomic_output
 from cli.training.run import RunDir
+from data.config import VOCABULARY_SETTINGS, DataConfig
+from data.files import atomic_output
+from data.pipeline import read_tokenizer_settings
 from data.tokenizer import Tokenizer
 from model.transformer import Transformer
 
@@ -89,9 +91,9 @@ def config_from_checkpoint(ckpt: dict[str, Any], path: Path) -> Config:
 
 
 # What `train.init` takes from its checkpoint besides the tokenizer: the settings that decide
-# which weights exist and their shapes. Every other setting stays as the config says: the
-# dropouts, and `max_positions`, which shapes no weight (the sinusoidal table is computed and
-# never saved), so the config's own limit holds for the sentences it trains on.
+# which weights exist, their shapes and what they mean. Every other setting stays as the
+# config says: the dropouts, and `max_positions`, which shapes no weight (the sinusoidal table
+# is computed and never saved), so the config's own limit holds for the sentences it trains on.
 INIT_SHAPES = (
     "d_model",
     "n_heads",
@@ -101,6 +103,11 @@ INIT_SHAPES = (
     "n_decoder_layers",
     "norm_first",  # Pre-LN has two more norms, and Post-LN weights mean something else
     "tie_embeddings",
+    "activation",
+    "output_bias",
+    "decoder_start",
+    "norm_eps",
+    "positions",
 )
 
 
@@ -118,6 +125,7 @@ def with_init(config: Config) -> Config:
     ckpt = load_checkpoint(path)
     init = config_from_checkpoint(ckpt, path)
     tokenizer = init_tokenizer(config, ckpt, path, run)
+    check_keeps_tokenizer(config.data, tokenizer, path)
     shapes = {name: getattr(init.model, name) for name in INIT_SHAPES}
     # The run adopts that tokenizer (data.tokenizer); joint_vocab then says what it is, as the
     # check of tie_embeddings "all" needs.
@@ -138,6 +146,31 @@ def init_tokenizer(config: Config, ckpt: dict[str, Any], path: Path, run: RunDir
         named = "data.tokenizer " if config.data.tokenizer else ""
         raise CheckpointError(f"{path}: was trained with another tokenizer than {named}{source}")
     return tokenizer
+
+
+def check_keeps_tokenizer(d: DataConfig, tokenizer: Tokenizer, path: Path) -> None:
+    """Fine-tuning keeps the checkpoint's tokenizer: a vocabulary setting that asks for another
+    one (other than the default, and than what that tokenizer was trained with), or a corpus
+    tag it lacks, would need a new SentencePiece model, whose pieces the weights never saw.
+
+    Raises:
+        ConfigError: naming the setting.
+    """
+    trained = read_tokenizer_settings(tokenizer.directory) or {}
+    for key in VOCABULARY_SETTINGS:
+        value = getattr(d, key)
+        if value != getattr(DataConfig, key) and value != trained.get(key):
+            raise ConfigError(
+                f"data.{key} {value!r}: train.init {path} brings its own tokenizer "
+                f"({tokenizer.directory}), which fine-tuning keeps; remove the setting"
+            )
+    missing = [tag for tag in d.tags() if tag not in tokenizer.tags]
+    if missing:
+        known = ", ".join(tokenizer.tags) or "none"
+        raise ConfigError(
+            f"data.train: the tag(s) {', '.join(missing)} are not pieces of train.init's "
+            f"tokenizer ({tokenizer.directory}; its tags: {known}), which fine-tuning keeps"
+        )
 
 
 def load_weights(model: Transformer, ckpt: dict[str, Any], path: Path, key: str = "model") -> None:

@@ -4,7 +4,8 @@ TensorBoard event files in RUN/tensorboard (`tensorboard --logdir runs` shows ev
 
 A resumed run continues both from its checkpoint's step: the records a killed run wrote after
 it are dropped from metrics.jsonl, and TensorBoard purges its events after it (`purge_step`),
-so neither shows the lost updates twice.
+so neither shows the lost updates twice. A run that starts from update 0 (new, forced, or
+killed before its first checkpoint) starts both afresh: an earlier attempt's event files go.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from cli.files import atomic_output
+from data.files import atomic_output
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,8 @@ class MetricsLog:
         self.path = run_path / "metrics.jsonl"
         if resumed_at is not None:
             truncate_metrics(self.path, resumed_at)
+        else:  # a run from update 0 (new, forced, or killed before a checkpoint): one curve
+            shutil.rmtree(run_path / "tensorboard", ignore_errors=True)
         self.writer = None
         if tensorboard:
             try:

@@ -3,30 +3,25 @@ carries, and the policy for starting, forcing and resuming a run.
 
     RUN/config.yaml          the resolved config
     RUN/tokenizer/           the SentencePiece model(s), and settings.json: what they were
-                             trained with (a run reuses them only for the same settings)
+                             trained with (`data.pipeline` chooses them)
     RUN/metrics.jsonl        one JSON object per log line / validation
     RUN/checkpoints/last.pt, best.pt, step_N.pt   (see `cli.training.checkpoint`)
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
 import shutil
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from tqdm import tqdm
 
 from cli.config import Config, config_diff, load_config, save_config
-from cli.files import atomic_output, check_output
-from data.tokenizer import Tokenizer, train_tokenizer
+from data.files import check_output
 
 log = logging.getLogger(__name__)
 
@@ -148,125 +143,6 @@ def resume_config(
             )
         log.warning("resuming with a changed config: %s", listing)
     return wanted
-
-
-# -------------------------------------------------------------------------- the run's tokenizer
-
-
-TOKENIZER_SETTINGS = "settings.json"  # beside the model(s): what the tokenizer was trained with
-
-
-def tokenizer_settings(config: Config, corpus) -> dict[str, Any]:
-    """What a run's tokenizer must have been trained with to serve `config`."""
-    d = config.data
-    return {
-        "tokenizer_type": d.tokenizer_type,
-        "vocab_size": d.vocab_size,
-        "joint_vocab": d.joint_vocab,
-        "character_coverage": d.character_coverage,
-        "corpus": d.train if isinstance(d.train, str) else [asdict(c) for c in d.corpora()],
-        "corpus_fingerprint": corpus._fingerprint,  # the corpus's content, through `datasets`
-        **({"tags": d.tags()} if d.tags() else {}),  # (absent for untagged runs, as before tags)
-    }
-
-
-def prepare_tokenizer(config: Config, run: RunDir, train_corpus, resume: bool) -> Tokenizer:
-    """The run's tokenizer, (re)trained unless the one there was trained as `config` asks.
-
-    A resumed run never retrains: its checkpoint's embeddings belong to its tokenizer, so a
-    config asking for another one is an error naming both.
-    """
-    if config.data.tokenizer:
-        return adopt_tokenizer(Path(config.data.tokenizer), run, resume)
-    wanted = tokenizer_settings(config, train_corpus)
-    if Tokenizer.found_in(run.tokenizer):
-        found = read_tokenizer_settings(run.tokenizer)
-        if found == wanted:
-            return Tokenizer.load(run.tokenizer)
-        if resume:
-            if found is None:  # trained before settings were recorded; the digest still checks
-                return Tokenizer.load(run.tokenizer)
-            differ = [k for k in wanted if k != "corpus_fingerprint" and found.get(k) != wanted[k]]
-            if not differ:  # the same corpus spec, touched since: resume as the checkpoint says
-                return Tokenizer.load(run.tokenizer)
-            listing = ", ".join(f"{k} {found.get(k)!r} (config: {wanted[k]!r})" for k in differ)
-            raise TrainingError(f"{run.tokenizer}: the run's tokenizer was trained with {listing}")
-        log.info("the tokenizer in %s does not match the config: retraining it", run.tokenizer)
-    log.info(
-        "training a %s tokenizer (vocab %d) on %d pairs",
-        config.data.tokenizer_type,
-        config.data.vocab_size,
-        len(train_corpus),
-    )
-    return train_tokenizer_for(config, train_corpus, run.tokenizer)
-
-
-def adopt_tokenizer(source: Path, run: RunDir, resume: bool) -> Tokenizer:
-    """`data.tokenizer`: a copy of the tokenizer in `source` becomes the run's own (so the run
-    directory stays self-contained); a resumed run must still have that same tokenizer."""
-    wanted = Tokenizer.load(source)
-    if Tokenizer.found_in(run.tokenizer):
-        have = Tokenizer.load(run.tokenizer)
-        if have.digest() == wanted.digest():
-            return have
-        if resume:
-            raise TrainingError(
-                f"{run.tokenizer}: is not the tokenizer in {source} (data.tokenizer)"
-            )
-    shutil.rmtree(run.tokenizer, ignore_errors=True)
-    run.tokenizer.mkdir(parents=True)
-    for path in wanted.model_paths():
-        shutil.copyfile(path, run.tokenizer / path.name)
-    log.info("using the tokenizer of %s", source)
-    return Tokenizer.load(run.tokenizer)
-
-
-def read_tokenizer_settings(directory: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((directory / TOKENIZER_SETTINGS).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-TOKENIZER_PAIRS = 1_000_000  # SentencePiece samples 2M sentences of them (both sides, joint)
-
-
-def tokenizer_sample(n: int, seed: int) -> np.ndarray | None:
-    """The rows the tokenizer reads: all of a corpus up to TOKENIZER_PAIRS, else a seeded
-    sample of that many in corpus order, so that its time and memory stay bounded."""
-    if n <= TOKENIZER_PAIRS:
-        return None
-    return np.sort(np.random.default_rng(seed).choice(n, TOKENIZER_PAIRS, replace=False))
-
-
-def sentences(corpus, side: str, rows: np.ndarray | None, stage: str) -> Iterator[str]:
-    """One side's sentences of `rows` (None: all), read in Arrow batches, with a bar."""
-    part = corpus.select_columns([side])
-    part = part if rows is None else part.select(rows)
-    with tqdm(total=len(part), desc=stage, unit=" lines", leave=False, disable=None) as bar:
-        for batch in part.iter(batch_size=10_000):
-            bar.update(len(batch[side]))
-            yield from batch[side]
-
-
-def train_tokenizer_for(config: Config, corpus, out_dir: Path) -> Tokenizer:
-    """Train the tokenizer `config.data` asks for into `out_dir`, recording its settings."""
-    d = config.data
-    rows = tokenizer_sample(len(corpus), config.train.seed)
-    tokenizer = train_tokenizer(
-        sentences(corpus, "src", rows, "tokenizer: reading sources"),
-        sentences(corpus, "tgt", rows, "tokenizer: reading targets"),
-        out_dir,
-        vocab_size=d.vocab_size,
-        model_type=d.tokenizer_type,
-        joint=d.joint_vocab,
-        character_coverage=d.character_coverage,
-        seed=config.train.seed,
-        tags=d.tags(),
-    )
-    with atomic_output(out_dir / TOKENIZER_SETTINGS) as f:
-        json.dump(tokenizer_settings(config, corpus), f, indent=1)
-    return tokenizer
 
 
 # ------------------------------------------------------------------------ RNG state

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from cli.config import Config
+from cli.config import Config, DecodeConfig
 from cli.device import autocast_dtype, configure_device, make_deterministic
 from cli.inference.decoding import translate_ids
 from cli.inference.scoring import score
@@ -39,19 +39,13 @@ from cli.training.checkpoint import (
     resolve_checkpoint,
     save_copies,
 )
-from cli.training.data import joined, load_training_corpora, prepare_data
+from cli.training.data import training_data
 from cli.training.ema import WeightAverage
 from cli.training.metrics import MetricsLog
 from cli.training.optim import apply_settings, budget_used, build_optimizer
 from cli.training.prefetch import Fetched, Prefetcher, training_batches
 from cli.training.preflight import check_settings
-from cli.training.run import (
-    RunDir,
-    TrainingError,
-    prepare_tokenizer,
-    rng_state,
-    set_rng_state,
-)
+from cli.training.run import RunDir, TrainingError, rng_state, set_rng_state
 from data.batching import Batch
 from model.loss import label_smoothed_cross_entropy
 
@@ -75,6 +69,19 @@ class Progress:
     oom_splits: int = 0  # updates retried on smaller batches after running out of memory
 
 
+def validation_decode(decode: DecodeConfig) -> DecodeConfig:
+    """Greedy search, always: dev BLEU, early stopping and best.pt follow the model, never a
+    random draw (a reverse model's config for back-translation may well set sampling)."""
+    return replace(
+        decode,
+        beam_size=1,
+        nbest=1,
+        sampling_topk=0,
+        sampling_topp=1.0,
+        sampling_temperature=1.0,
+    )
+
+
 class Trainer:
     """Holds the model, optimiser, data and run directory of one training session."""
 
@@ -96,9 +103,8 @@ class Trainer:
             make_deterministic(device)
         seed_everything(t.seed)
         with distributed.main_first(dd):  # one rank trains the tokenizer and fills the caches
-            corpora = load_training_corpora(config)
-            self.tokenizer = prepare_tokenizer(config, run, joined(corpora), resume)
-            self.data = prepare_data(config, self.tokenizer, corpora, dd)
+            self.data = training_data(config, run.tokenizer, dd, resume)
+        self.tokenizer = self.data.tokenizer
         self.model = build_model(config, self.tokenizer).to(self.device)
         if t.init and not resume:  # fine-tuning: start from that checkpoint's weights
             self.load_init_weights(t.init)
@@ -127,6 +133,7 @@ class Trainer:
             self.close()  # a prefetching thread started above
             raise
         self.stop_requested = False
+        self.resumed = resume
 
     def load_init_weights(self, init: str) -> None:
         """Fine-tuning: the weights of checkpoint `init`, whose embeddings must belong to this
@@ -223,6 +230,11 @@ class Trainer:
         # torch.set_rng_state refuse them); weights and optimiser state are copied to the
         # parameters' device by load_state_dict.
         ckpt = load_checkpoint(path, map_location="cpu")
+        if "optimizer" not in ckpt:  # `tf import`'s step 0: weights, nothing to continue
+            raise TrainingError(
+                f"{path}: an imported model, not a training run to resume; fine-tune it with "
+                f"tf train configs/finetune.yaml --init {self.run.path} --out NEW_RUN"
+            )
         if ckpt.get("world_size", 1) != self.dist.world_size:
             raise TrainingError(
                 f"{path}: written by {ckpt.get('world_size')} processes; resume "
@@ -451,7 +463,7 @@ class Trainer:
             model,
             self.tokenizer,
             self.data.dev_src_ids,
-            replace(self.config.decode, beam_size=1, nbest=1),  # greedy
+            validation_decode(self.config.decode),
             self.device,
         )
         texts = self.tokenizer.decode_tgt([h[0].tokens for h in hyps])
@@ -517,6 +529,8 @@ class Trainer:
         window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "updates": 0, "time": 0.0}
         # Wall time, validation and checkpoints included, summed over resumed sessions.
         session_start, earlier = time.perf_counter(), p.elapsed
+        if t.eval_on_start and not self.resumed:  # e.g. a pretrained model's, before any update
+            self.evaluate_and_save()
         while not (reason := self.budget_spent()):
             wanted = self.stop_wanted()
             if wanted and not self.dist.active:
@@ -608,7 +622,7 @@ class Trainer:
                 self.metrics.write(full, scalars=metrics)
             log.info("step %d: %s", p.step, "  ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
         names = ["last.pt"] + (["best.pt"] if best else [])
-        if t.save_every and p.step % t.save_every == 0:
+        if t.save_every and p.step and p.step % t.save_every == 0:
             names.append(f"step_{p.step}.pt")
         self.save(names)
 

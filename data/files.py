@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -65,3 +66,9 @@ def atomic_output(path: Path, mode: str = "w") -> Iterator[IO]:
         os.fsync(dir_fd)  # make the rename itself durable
     finally:
         os.close(dir_fd)
+
+
+def write_json(path: Path, value) -> None:
+    """`value` as indented JSON in `path`, atomically (see `atomic_output`)."""
+    with atomic_output(path) as f:
+        json.dump(value, f, indent=1)

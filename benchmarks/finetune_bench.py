@@ -1,0 +1,192 @@
+"""Fine-tuning an OPUS-MT-sized model: `tf`'s loop against the loop a `transformers` user writes,
+on the same model, batches and precision, on the same CPU.
+
+The model is the stand-in for Helsinki-NLP/opus-mt-es-en (`benchmarks.marian_standin`: its
+published shape, 6+6 layers of 512, FFN 2,048, swish, and a vocabulary filled to its 65,001
+pieces, whose output layer is a third of the work), imported with `tf import`.
+
+- tf: `tf train configs/finetune.yaml --init RUN` as launched (validation and checkpoints
+  off), its tokens/s read from the run's metrics.jsonl, the first log window left out.
+- transformers: `MarianMTModel.from_pretrained`, `torch.optim.AdamW`, `model(**batch).loss`,
+  `backward`, `clip_grad_norm_`, `step`, under `torch.autocast` when the precision is bf16:
+  what its documentation and examples show. It gets tf's own batches (the same pairs, the same
+  token budget, pad-masked labels), so both see the same tokens.
+
+Each runs in a process of its own, which reports its peak resident memory.
+
+    python -m benchmarks.finetune_bench [--updates 30] [--precision auto]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import OUT, corpus_head, cpu_name, print_table, run_python
+from benchmarks.marian_standin import OPUS_MT_ES_EN, TINY, bundled_lines, make_standin
+from cli.device import autocast_dtype
+
+VOCABULARY = 65_001  # opus-mt-es-en's
+
+
+def standin_run(out: Path, small: bool = False) -> tuple[Path, Path]:
+    """The stand-in (made once) and its `tf import`, under `out`; `small`: a tiny one."""
+    name = "opus-mt-standin" + ("-tiny" if small else "")
+    directory, run = out / name, out / f"{name}-run"
+    if not (directory / "model.safetensors").is_file():
+        src, tgt = bundled_lines(2000 if small else 28_045)
+        if small:
+            make_standin(directory, src, tgt, TINY, vocab_size=500)
+        else:
+            make_standin(directory, src, tgt, OPUS_MT_ES_EN, vocabulary=VOCABULARY)
+    if not (run / "checkpoints" / "last.pt").is_file():
+        run_python("-m", "cli.main", "import", str(directory), "-o", str(run), "--force")
+    return directory, run
+
+
+def tf_settings(updates: int, precision: str, train: str, dev: str, log_every: int) -> list:
+    return [
+        f"data.train={train}",
+        f"data.dev={dev}",
+        f"train.max_steps={updates}",
+        f"train.precision={precision}",
+        "train.eval_every=0",
+        "train.eval_on_start=false",
+        "train.eval_bleu_sentences=4",  # the one validation at the end: kept short
+        "train.save_every=0",
+        f"train.log_every={log_every}",
+    ]
+
+
+def child_tf(run: Path, out: Path, sets: list[str]) -> dict:
+    """`tf train configs/finetune.yaml --init RUN`, in this process; its tokens/s and peak."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    args = ["train", "configs/finetune.yaml", "--init", str(run), "--out", str(out), "--force"]
+    result = CliRunner().invoke(app, args + [a for s in sets for a in ("--set", s)])
+    if result.exit_code != 0:
+        raise RuntimeError(result.output[-2000:])
+    windows = [
+        record["tokens_per_s"]
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if "tokens_per_s" in (record := json.loads(line))
+    ]
+    return {"tokens_per_s": statistics.mean(windows[1:]), "peak_rss_gb": peak_rss_gb()}
+
+
+def child_transformers(directory: Path, run: Path, sets: list[str], updates: int) -> dict:
+    """The transformers user's loop over tf's batches of the same settings (see the module
+    docstring), timed after two warm-up updates."""
+    from transformers import MarianMTModel
+
+    from cli.config import load_config
+    from cli.training.checkpoint import with_init
+    from cli.training.data import batching
+    from cli.training.distributed import Dist
+    from data.pipeline import prepare_training_data
+
+    overrides = sets + [f"train.init={run}"]
+    config = with_init(load_config("configs/finetune.yaml", overrides))
+    data = prepare_training_data(config.data, batching(config, Dist()), out_dir(run), False)
+    model = MarianMTModel.from_pretrained(directory)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr)
+    dtype = autocast_dtype(config.train.precision, torch.device("cpu"))
+    tokens, seconds = 0, 0.0
+    batches = iter(data.train)
+    for step in range(updates):
+        batch = next(batches)
+        labels = batch.tgt_out.masked_fill(batch.tgt_pad_mask, -100)
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            loss = model(
+                input_ids=batch.src, attention_mask=~batch.src_pad_mask, labels=labels
+            ).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.clip_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step >= 2:
+            tokens, seconds = tokens + batch.n_tgt_tokens, seconds + time.perf_counter() - start
+    return {"tokens_per_s": tokens / seconds, "peak_rss_gb": peak_rss_gb()}
+
+
+def out_dir(run: Path) -> Path:
+    """A tokenizer folder for the transformers loop's batches (tf's pipeline copies it)."""
+    return run.parent / "finetune-bench-tokenizer"
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+def run(
+    updates: int = 30,
+    precisions: tuple[str, ...] = ("auto",),
+    out: Path = OUT,
+    log_every: int = 5,
+    small: bool = False,
+) -> dict:
+    """Both loops at each precision, in fresh processes, on the bundled corpus (`small`: a tiny
+    stand-in on 2,000 pairs, to show the benchmark runs; its numbers mean nothing)."""
+    directory, imported = standin_run(out, small)
+    train = corpus_head("train", 2000 if small else None, out)
+    dev = corpus_head("dev", 40, out)
+    vocabulary = len(json.loads((directory / "vocab.json").read_text()))
+    results: dict = {"cpu": cpu_name(), "updates": updates, "vocabulary": vocabulary}
+    for precision in precisions:
+        resolved = autocast_dtype(precision, torch.device("cpu"))
+        name = "bf16" if resolved == torch.bfloat16 else "fp32"
+        sets = tf_settings(updates, name, train, dev, log_every)
+        common = [str(directory), str(imported), json.dumps(sets), str(updates)]
+        tf = json.loads(run_python("-m", "benchmarks.finetune_bench", "child-tf", *common))
+        hf = json.loads(run_python("-m", "benchmarks.finetune_bench", "child-hf", *common))
+        results[name] = {
+            "tf": tf,
+            "transformers": hf,
+            "ratio": tf["tokens_per_s"] / hf["tokens_per_s"],
+        }
+    return results
+
+
+def print_results(r: dict) -> None:
+    print(f"CPU: {r['cpu']}; vocabulary {r['vocabulary']:,}; {r['updates']} updates each")
+    rows = [("precision", "loop", "target tokens/s", "peak RSS (GB)", "tf / transformers")]
+    for name in ("fp32", "bf16"):
+        if name not in r:
+            continue
+        for loop in ("tf", "transformers"):
+            m = r[name][loop]
+            ratio = f"{r[name]['ratio']:.2f}x" if loop == "tf" else ""
+            rows.append((name, loop, f"{m['tokens_per_s']:,.0f}", f"{m['peak_rss_gb']:.2f}", ratio))
+    print_table(rows)
+
+
+def child(argv: list[str]) -> None:
+    kind, directory, imported, sets, updates = argv
+    sets, updates = json.loads(sets), int(updates)
+    if kind == "child-tf":
+        result = child_tf(Path(imported), Path(imported).parent / "finetune-bench-tf", sets)
+    else:
+        result = child_transformers(Path(directory), Path(imported), sets, updates)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1].startswith("child-"):
+        child(sys.argv[1:])
+    else:
+        parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        parser.add_argument("--updates", type=int, default=30)
+        parser.add_argument("--precision", nargs="+", default=["auto"])
+        args = parser.parse_args()
+        print_results(run(args.updates, tuple(args.precision)))

@@ -1,0 +1,330 @@
+"""The data path of a training run, as one pipeline: the training corpora read, the run's
+tokenizer chosen, the pairs cleaned, encoded and batched by the token budget (this rank's
+share), the dev pairs for the loss, and a dev subset decoded for BLEU.
+
+The tokenizer is chosen here and only here, one of three ways:
+- trained: SentencePiece on the training corpora, as `data.vocab_size` etc. ask (the default);
+  a run reuses the one in its folder when it was trained with the same settings;
+- adopted: `data.tokenizer` names a folder (a teacher's RUN/tokenizer), copied into the run;
+- imported: that folder holds an imported model's tokenizer (`tf import`: Marian's two
+  SentencePiece models and its vocabulary), read by `Tokenizer.load` as any other.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+
+from data.batching import Batch, BatchIterator, RaggedConcat
+from data.clean import Reference, first_row_holding
+from data.config import DataConfig, corpus_name
+from data.corpus import encode_corpus, filter_pairs, load_corpus, token_ids
+from data.errors import InputError
+from data.files import write_json
+from data.prepared import Filters, Progress, prepare_corpus, silent
+from data.tokenizer import Tokenizer, train_tokenizer
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_SETTINGS = "settings.json"  # beside the model(s): what the tokenizer was trained with
+TOKENIZER_PAIRS = 1_000_000  # SentencePiece samples 2M sentences of them (both sides, joint)
+
+
+@dataclass(frozen=True)
+class Batching:
+    """What the data path takes from the rest of a run's settings."""
+
+    max_tokens: int  # per batch, padding counted (train.max_tokens)
+    max_sentences: int
+    seed: int  # shuffling, and the tokenizer's sample (train.seed)
+    max_positions: int  # the model's: longer dev pairs stay out of the dev loss
+    eval_bleu_sentences: int  # dev sentences decoded for BLEU; 0: all
+    decoder_start: str  # model.decoder_start: the id every target starts from
+    rank: int = 0  # this process's share of the batches (torchrun)
+    world_size: int = 1
+
+
+@dataclass
+class TrainingData:
+    tokenizer: Tokenizer
+    train: BatchIterator
+    dev_batches: list[Batch]
+    dev_src_ids: list[list[int]]  # the subset decoded for BLEU
+    dev_refs: list[str]
+    report: dict  # RUN/data.json: what each training corpus gave
+
+
+def prepare_training_data(
+    d: DataConfig,
+    batching: Batching,
+    tokenizer_dir: Path,
+    resume: bool,
+    progress: Progress = silent,
+    show_bars: bool = False,
+) -> TrainingData:
+    """Everything a run trains and validates on, from the `data` section.
+
+    Args:
+        d: the corpora, cleaning and tokenizer settings.
+        batching: the batch budget and the model's limits.
+        tokenizer_dir: the run's tokenizer folder (RUN/tokenizer), filled as `d` asks.
+        resume: a resumed run never changes its tokenizer (its embeddings belong to it).
+        progress: makes a progress bar for a stage (the caller's, e.g. tqdm).
+        show_bars: `datasets`' own bars while a corpus is read (on a terminal).
+
+    Raises:
+        InputError: a corpus, tokenizer or setting that cannot work, in one line.
+    """
+    corpora = load_training_corpora(d, show_bars)
+    tokenizer = choose_tokenizer(d, tokenizer_dir, joined(corpora), batching.seed, resume, progress)
+    return batch_training_data(d, batching, tokenizer, corpora, progress)
+
+
+def load_training_corpora(d: DataConfig, show_bars: bool = False) -> list[datasets.Dataset]:
+    """Each corpus of `data.train`, read (and cached as Arrow) through `datasets`."""
+    if show_bars:  # reading a large corpus takes a while: show it
+        datasets.enable_progress_bars()
+    try:
+        return [load_corpus(c.corpus, d.src_lang, d.tgt_lang) for c in d.corpora()]
+    finally:
+        datasets.disable_progress_bars()
+
+
+def joined(corpora: list[datasets.Dataset]) -> datasets.Dataset:
+    """All the training pairs as one dataset (no copy), e.g. for the tokenizer; a single corpus
+    is itself, so its fingerprint and its tokenizer settings stay what they were."""
+    return corpora[0] if len(corpora) == 1 else datasets.concatenate_datasets(corpora)
+
+
+def batch_training_data(
+    d: DataConfig,
+    batching: Batching,
+    tokenizer: Tokenizer,
+    corpora: list[datasets.Dataset],
+    progress: Progress = silent,
+) -> TrainingData:
+    """Clean, encode and filter the training corpora (cached as memory-mapped ids) and batch
+    their mix by the token budget; the dev set for loss and BLEU."""
+    dev = load_corpus(d.dev, d.src_lang, d.tgt_lang)
+    reference = None
+    if d.clean:  # no training pair may sit in the sets the run is scored on
+        reference = Reference.of([dev, load_corpus(d.test, d.src_lang, d.tgt_lang)])
+    check_tags(d, corpora)
+    parts, report = [], []
+    for i, (spec, ds) in enumerate(zip(d.corpora(), corpora)):
+        filters = Filters(d.clean, d.max_len, d.max_len_ratio, spec.tag or None)
+        prepared = prepare_corpus(ds, tokenizer, filters, reference, spec.corpus, progress)
+        parts.append(prepared)
+        report.append(corpus_report(spec, prepared.counts))
+        if report[-1]["per_epoch"] == 0:
+            kept = prepared.counts["kept"]
+            raise InputError(
+                f"{corpus_name(d, i)} ({spec.corpus}): weight {spec.weight:g} of its {kept} "
+                f"pairs is no pair per epoch; give it a weight of {1 / kept:.2g} or more"
+            )
+    b = batching
+    special = dict(
+        pad_id=tokenizer.pad_id,
+        bos_id=tokenizer.decoder_start_id(b.decoder_start),
+        eos_id=tokenizer.eos_id,
+    )
+    src = parts[0].src if len(parts) == 1 else RaggedConcat([p.src for p in parts])
+    tgt = parts[0].tgt if len(parts) == 1 else RaggedConcat([p.tgt for p in parts])
+    train = BatchIterator(
+        src,
+        tgt,
+        max_tokens=b.max_tokens,
+        max_sentences=b.max_sentences,
+        seed=b.seed,
+        rank=b.rank,
+        world_size=b.world_size,
+        corpora=[(p.counts["kept"], spec.weight) for p, spec in zip(parts, d.corpora())],
+        **special,
+    )
+    dev_batches, src_ids, refs = dev_sets(d, b, tokenizer, dev, special)
+    return TrainingData(tokenizer, train, dev_batches, src_ids, refs, {"corpora": report})
+
+
+def check_tags(d: DataConfig, corpora: list[datasets.Dataset]) -> None:
+    """No corpus's text holds a tag: a sentence that did would look tagged (its tag is one
+    piece wherever it stands).
+
+    Raises:
+        InputError: naming the tag, the corpus and the line.
+    """
+    for tag in d.tags():
+        for spec, ds in zip(d.corpora(), corpora):
+            row = first_row_holding(ds, tag)
+            if row is not None:
+                raise InputError(
+                    f"{spec.corpus}:{row + 1}: holds the text {tag!r}, a tag of data.train; "
+                    "a tag must be a piece no sentence holds: choose another"
+                )
+
+
+def corpus_report(spec, counts: dict) -> dict:
+    """One corpus's entry of RUN/data.json: read, removed by rule, kept, and its share."""
+    whole, fraction = divmod(spec.weight, 1.0)
+    kept = counts["kept"]
+    return {
+        "spec": spec.corpus,
+        "read": counts["read"],
+        "removed": counts["removed"],
+        "kept": kept,
+        "weight": spec.weight,
+        "per_epoch": int(whole) * kept + round(fraction * kept),
+        "tag": spec.tag or None,
+    }
+
+
+def dev_sets(
+    d: DataConfig, b: Batching, tokenizer: Tokenizer, dev: datasets.Dataset, special: dict
+) -> tuple[list[Batch], list[list[int]], list[str]]:
+    """Dev batches for the loss (the pairs the model can take) and the first sentences, raw, for
+    BLEU as `tf eval` computes it."""
+    limit = b.max_positions
+    dev_encoded = encode_corpus(dev, tokenizer)
+    dev_fit, _ = filter_pairs(dev_encoded, max_len=limit - 1, name=d.dev)
+    dev_batches = BatchIterator(
+        token_ids(dev_fit, "src_ids"),
+        token_ids(dev_fit, "tgt_ids"),
+        max_tokens=b.max_tokens,
+        max_sentences=b.max_sentences,
+        seed=b.seed,  # unused: no shuffling
+        shuffle=False,
+        **special,
+    )
+    n = min(b.eval_bleu_sentences or len(dev), len(dev))
+    src_ids = [ids[:limit] for ids in dev_encoded.select(range(n))["src_ids"]]
+    return list(dev_batches), src_ids, list(dev.select(range(n))["tgt"])
+
+
+# ------------------------------------------------------------------------ the run's tokenizer
+
+
+def choose_tokenizer(
+    d: DataConfig,
+    directory: Path,
+    corpus: datasets.Dataset,
+    seed: int,
+    resume: bool,
+    progress: Progress = silent,
+) -> Tokenizer:
+    """The run's tokenizer in `directory`: adopted (`data.tokenizer`), or trained unless the one
+    there was trained as `d` asks.
+
+    A resumed run never retrains: its checkpoint's embeddings belong to its tokenizer, so a
+    config asking for another one is an error naming both.
+    """
+    if d.tokenizer:
+        return adopt_tokenizer(Path(d.tokenizer), directory, resume)
+    wanted = tokenizer_settings(d, corpus)
+    if Tokenizer.found_in(directory):
+        found = read_tokenizer_settings(directory)
+        if found == wanted:
+            return Tokenizer.load(directory)
+        if resume:
+            if found is None:  # trained before settings were recorded; the digest still checks
+                return Tokenizer.load(directory)
+            differ = [k for k in wanted if k != "corpus_fingerprint" and found.get(k) != wanted[k]]
+            if not differ:  # the same corpus spec, touched since: resume as the checkpoint says
+                return Tokenizer.load(directory)
+            listing = ", ".join(f"{k} {found.get(k)!r} (config: {wanted[k]!r})" for k in differ)
+            raise InputError(f"{directory}: the run's tokenizer was trained with {listing}")
+        log.info("the tokenizer in %s does not match the config: retraining it", directory)
+    log.info(
+        "training a %s tokenizer (vocab %d) on %d pairs",
+        d.tokenizer_type,
+        d.vocab_size,
+        len(corpus),
+    )
+    return train_tokenizer_for(d, corpus, directory, seed, progress)
+
+
+def adopt_tokenizer(source: Path, directory: Path, resume: bool) -> Tokenizer:
+    """`data.tokenizer`: a copy of the tokenizer in `source` becomes the run's own (so the run
+    directory stays self-contained); a resumed run must still have that same tokenizer."""
+    wanted = Tokenizer.load(source)
+    if Tokenizer.found_in(directory):
+        have = Tokenizer.load(directory)
+        if have.digest() == wanted.digest():
+            return have
+        if resume:
+            raise InputError(f"{directory}: is not the tokenizer in {source} (data.tokenizer)")
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    for path in wanted.model_paths():
+        shutil.copyfile(path, directory / path.name)
+    log.info("using the tokenizer of %s", source)
+    return Tokenizer.load(directory)
+
+
+def tokenizer_settings(d: DataConfig, corpus: datasets.Dataset) -> dict[str, Any]:
+    """What a run's tokenizer must have been trained with to serve `d`."""
+    return {
+        "tokenizer_type": d.tokenizer_type,
+        "vocab_size": d.vocab_size,
+        "joint_vocab": d.joint_vocab,
+        "character_coverage": d.character_coverage,
+        "corpus": d.train if isinstance(d.train, str) else [asdict(c) for c in d.corpora()],
+        "corpus_fingerprint": corpus._fingerprint,  # the corpus's content, through `datasets`
+        **({"tags": d.tags()} if d.tags() else {}),  # (absent for untagged runs, as before tags)
+    }
+
+
+def read_tokenizer_settings(directory: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((directory / TOKENIZER_SETTINGS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def tokenizer_sample(n: int, seed: int) -> np.ndarray | None:
+    """The rows the tokenizer reads: all of a corpus up to TOKENIZER_PAIRS, else a seeded
+    sample of that many in corpus order, so that its time and memory stay bounded."""
+    if n <= TOKENIZER_PAIRS:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(n, TOKENIZER_PAIRS, replace=False))
+
+
+def sentences(
+    corpus: datasets.Dataset, side: str, rows: np.ndarray | None, stage: str, progress: Progress
+) -> Iterator[str]:
+    """One side's sentences of `rows` (None: all), read in Arrow batches, with a bar."""
+    part = corpus.select_columns([side])
+    part = part if rows is None else part.select(rows)
+    bar = progress(stage, len(part))
+    try:
+        for batch in part.iter(batch_size=10_000):
+            bar.update(len(batch[side]))
+            yield from batch[side]
+    finally:
+        bar.close()
+
+
+def train_tokenizer_for(
+    d: DataConfig, corpus: datasets.Dataset, out_dir: Path, seed: int, progress: Progress = silent
+) -> Tokenizer:
+    """Train the tokenizer `d` asks for into `out_dir`, recording its settings."""
+    rows = tokenizer_sample(len(corpus), seed)
+    tokenizer = train_tokenizer(
+        sentences(corpus, "src", rows, "tokenizer: reading sources", progress),
+        sentences(corpus, "tgt", rows, "tokenizer: reading targets", progress),
+        out_dir,
+        vocab_size=d.vocab_size,
+        model_type=d.tokenizer_type,
+        joint=d.joint_vocab,
+        character_coverage=d.character_coverage,
+        seed=seed,
+        tags=d.tags(),
+    )
+    write_json(out_dir / TOKENIZER_SETTINGS, tokenizer_settings(d, corpus))
+    return tokenizer

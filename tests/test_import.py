@@ -1,0 +1,486 @@
+"""`tf import` of a Hugging Face Marian model (OPUS-MT), exact against `transformers` itself.
+
+The stand-in for Helsinki-NLP/opus-mt-es-en (`benchmarks.marian_standin`): a MarianMTModel with
+its published configuration and random weights, SentencePiece models and a vocab.json trained
+on the bundled corpus, saved with `save_pretrained`. No network anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_cli import tf
+from torch.testing import assert_close
+
+from benchmarks.marian_standin import OPUS_MT_ES_EN, TINY, make_standin
+from cli.inference.engines import load_engine
+from cli.training.checkpoint import load_checkpoint, load_for_inference
+from data.corpus import load_corpus
+from data.text import read_file_lines
+
+BUNDLED = Path(__file__).resolve().parent.parent / "data" / "corpora" / "bible-es-en"
+# Searches compared with `generate`: tf's length rule as transformers' (one limit for every
+# sentence, no length penalty, no patience rule), in fp32.
+SAME_RULES = [
+    "decode.max_len_a=0",
+    "decode.max_len_b=15",  # + EOS: generate's max_new_tokens=16
+    "decode.length_penalty=0",
+    "decode.patience=0",
+    "decode.precision=fp32",
+]
+
+
+def quiet_transformers() -> None:
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+
+
+@pytest.fixture(scope="session")
+def bundled_pairs() -> tuple[list[str], list[str]]:
+    ds = load_corpus("bundled:bible-es-en/train", "es", "en").select(range(8000))
+    return list(ds["src"]), list(ds["tgt"])
+
+
+@pytest.fixture(scope="session")
+def opus(tmp_path_factory, bundled_pairs) -> Path:
+    """The stand-in for opus-mt-es-en, at its published size."""
+    quiet_transformers()
+    src, tgt = bundled_pairs
+    return make_standin(
+        tmp_path_factory.mktemp("opus") / "opus-mt-es-en", src, tgt, OPUS_MT_ES_EN, 2000
+    )
+
+
+@pytest.fixture(scope="session")
+def opus_run(opus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("imported") / "run"
+    result = tf("import", opus, "-o", out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def small_standin(tmp_path: Path, tiny_prefix: str, **options) -> Path:
+    """A tiny stand-in trained on the 200-pair fixture: the variants' model."""
+    quiet_transformers()
+    src = read_file_lines(Path(f"{tiny_prefix}.es"))
+    tgt = read_file_lines(Path(f"{tiny_prefix}.en"))
+    return make_standin(tmp_path / "standin", src, tgt, TINY, vocab_size=300, **options)
+
+
+def imported(directory: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "imported"
+    result = tf("import", directory, "-o", out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def hf_logits(directory: Path, src: list[str], tgt: list[str]):
+    """transformers' logits of teacher-forced targets, the batch, and the real target
+    positions."""
+    from transformers import MarianMTModel, MarianTokenizer
+    from transformers.models.marian.modeling_marian import shift_tokens_right
+
+    model = MarianMTModel.from_pretrained(directory).eval()
+    tokenizer = MarianTokenizer.from_pretrained(directory)
+    batch = tokenizer(src, text_target=tgt, return_tensors="pt", padding=True)
+    labels = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
+    tgt_in = shift_tokens_right(labels, tokenizer.pad_token_id, model.config.decoder_start_token_id)
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels
+        ).logits
+    return logits, batch, tgt_in, labels != -100
+
+
+def assert_same_logits(directory: Path, run: Path, src: list[str], tgt: list[str]) -> None:
+    theirs, batch, tgt_in, real = hf_logits(directory, src, tgt)
+    model, _, _ = load_for_inference(run, torch.device("cpu"))
+    with torch.no_grad():
+        ours = model(batch["input_ids"], tgt_in, batch["attention_mask"] == 0, None)
+    assert_close(ours[real], theirs[real], rtol=0, atol=1e-4)
+
+
+def generated(directory: Path, lines: list[str], beam: int) -> list[str]:
+    """What a transformers user gets: the model's own generation config (pad banned, EOS
+    forced at the limit), the same length rule as SAME_RULES."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    model = MarianMTModel.from_pretrained(directory).eval()
+    tokenizer = MarianTokenizer.from_pretrained(directory)
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(
+            **batch, num_beams=beam, max_new_tokens=16, length_penalty=0.0, early_stopping=False
+        )
+    return tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+def translated(run: Path, lines: list[str], beam: int, rules: list[str] = SAME_RULES) -> list[str]:
+    args = ["translate", run, "--beam", str(beam)] + [x for s in rules for x in ("--set", s)]
+    result = tf(*args, input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.output
+    return result.stdout.splitlines()
+
+
+# --------------------------------------------------------------------- exact against transformers
+
+
+def test_logits_equal_transformers_on_50_sentences(opus, opus_run):
+    src = read_file_lines(BUNDLED / "dev.es")[:50]
+    tgt = read_file_lines(BUNDLED / "dev.en")[:50]
+    assert_same_logits(opus, opus_run, src, tgt)
+
+
+def test_ids_equal_marian_tokenizer_on_1000_lines(opus, opus_run):
+    from transformers import MarianTokenizer
+
+    theirs = MarianTokenizer.from_pretrained(opus)
+    _, ours, _ = load_for_inference(opus_run, torch.device("cpu"))
+    src = read_file_lines(BUNDLED / "test.es")
+    tgt = read_file_lines(BUNDLED / "test.en")
+    assert len(src) == len(tgt) == 1000
+    assert ours.encode_src(src) == theirs(src)["input_ids"]
+    # Targets: tf's batching appends the EOS that MarianTokenizer puts in the ids.
+    expected = theirs(text_target=tgt)["input_ids"]
+    assert [ids + [ours.eos_id] for ids in ours.encode_tgt(tgt)] == expected
+    assert ours.decode_tgt(expected) == theirs.batch_decode(expected, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translate_equals_generate_on_100_lines(opus, opus_run, beam):
+    lines = read_file_lines(BUNDLED / "dev.es")[100:200]
+    assert translated(opus_run, lines, beam) == generated(opus, lines, beam)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(separate=True),  # two vocabularies, untied encoder and decoder embeddings
+        dict(relu=True),
+        dict(language_tokens=(">>fra<<", ">>spa<<", ">>eng<<")),  # a multilingual model
+    ],
+    ids=["separate-vocabularies", "relu", "multilingual"],
+)
+def test_variants_are_exact(tmp_path, tiny_prefix, options):
+    relu = options.pop("relu", False)
+    shape = dict(TINY, activation_function="relu") if relu else TINY
+    quiet_transformers()
+    src = read_file_lines(Path(f"{tiny_prefix}.es"))
+    tgt = read_file_lines(Path(f"{tiny_prefix}.en"))
+    directory = make_standin(tmp_path / "standin", src, tgt, shape, vocab_size=300, **options)
+    run = imported(directory, tmp_path)
+    lines = src[:40]
+    if options.get("language_tokens"):
+        lines = [f">>{lang}<< {line}" for lang, line in zip(["fra", "spa", "eng"] * 14, lines)]
+        report = tf("import", directory, "-o", tmp_path / "again")
+        assert ">>fra<< >>spa<< >>eng<<" in report.stdout
+    assert_same_logits(directory, run, lines, tgt[:40])
+    assert translated(run, lines, 1) == generated(directory, lines, 1)
+    config = load_checkpoint(run / "checkpoints" / "last.pt")["config"]["model"]
+    assert config["activation"] == ("relu" if relu else "swish")
+    assert config["tie_embeddings"] == ("decoder" if options.get("separate") else "all")
+
+
+# ---------------------------------------------------------------------------------- round trips
+
+
+def safetensors_of(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(directory / "model.safetensors")
+
+
+def test_an_imported_model_exported_again_is_the_same_tensors(opus, opus_run, tmp_path):
+    out = tmp_path / "hf"
+    result = tf("export", opus_run, "--to", "huggingface", "-o", out)
+    assert result.exit_code == 0, result.output
+    original, again = safetensors_of(opus), safetensors_of(out)
+    assert set(original) == set(again)
+    for name, tensor in original.items():
+        assert torch.equal(tensor, again[name]), name
+    lines = read_file_lines(BUNDLED / "dev.es")[:20]
+    assert generated(out, lines, 1) == generated(opus, lines, 1)  # its tokenizer included
+
+
+def test_a_tf_run_exported_and_imported_back_is_the_same_run(trained, tmp_path):
+    """A `tf` model (interleaved positions, BOS start, its own SentencePiece) through Marian."""
+    hf = tmp_path / "hf"
+    assert tf("export", trained, "--to", "huggingface", "-o", hf).exit_code == 0
+    back = imported(hf, tmp_path)
+    before = load_checkpoint(trained / "checkpoints" / "best.pt")
+    after = load_checkpoint(back / "checkpoints" / "last.pt")
+    assert before["model"].keys() == after["model"].keys()
+    for name, tensor in before["model"].items():
+        assert torch.equal(tensor, after["model"][name]), name  # bit for bit
+    assert after["config"]["model"] == before["config"]["model"]
+    lines = read_file_lines(Path(__file__).parent / "fixtures" / "tiny-dev.es")
+    text = "\n".join(lines) + "\n"
+    first = tf("translate", trained, "--beam", "3", input=text)
+    second = tf("translate", back, "--beam", "3", input=text)
+    assert first.exit_code == second.exit_code == 0
+    assert first.stdout == second.stdout  # byte for byte
+
+
+def test_ctranslate2_export_of_an_imported_run_translates_as_tf(opus_run, tmp_path):
+    out = tmp_path / "ct2"
+    result = tf("export", opus_run, "--to", "ctranslate2", "-o", out)
+    assert result.exit_code == 0, result.output
+    lines = read_file_lines(BUNDLED / "dev.es")[200:300]
+    greedy = [rule for rule in SAME_RULES if "patience" not in rule]  # CTranslate2 needs one
+    assert translated(out, lines, 1, greedy) == translated(opus_run, lines, 1, greedy)
+
+
+# ------------------------------------------------------------------------------------ bad input
+
+
+def test_hub_names_load_through_the_hub_cache_offline(tmp_path, tiny_prefix, monkeypatch):
+    """A hub name is fetched as transformers fetches it: here from a cache that holds it, with
+    HF_HUB_OFFLINE set (conftest); a name the cache lacks is one line saying what to do."""
+    import huggingface_hub.constants as hub
+
+    directory = small_standin(tmp_path, tiny_prefix)
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--Helsinki-NLP--opus-mt-es-en" / "snapshots" / ("a" * 40)
+    shutil.copytree(directory, snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(cache))
+    out = tmp_path / "run"
+    result = tf("import", "Helsinki-NLP/opus-mt-es-en", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert (
+        json.loads((out / "import.json").read_text())["source"] == "hf:Helsinki-NLP/opus-mt-es-en"
+    )
+    missing = tf("import", "Helsinki-NLP/opus-mt-xx-yy", "-o", tmp_path / "none")
+    assert missing.exit_code == 2
+    assert "cannot be reached" in missing.stderr and "hf download" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "none").exists()
+
+
+def broken(tmp_path: Path, tiny_prefix: str, change) -> Path:
+    directory = small_standin(tmp_path, tiny_prefix)
+    change(directory)
+    return directory
+
+
+def edit_config(**values):
+    def change(directory: Path) -> None:
+        config = json.loads((directory / "config.json").read_text())
+        config.update(values)
+        (directory / "config.json").write_text(json.dumps(config))
+
+    return change
+
+
+def remove(name: str):
+    return lambda directory: (directory / name).unlink()
+
+
+def evil_pickle(directory: Path) -> None:
+    """A pytorch_model.bin whose unpickling would write a file: weights_only refuses it."""
+    import os
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {directory / 'pwned'}",))
+
+    (directory / "model.safetensors").unlink()
+    (directory / "pytorch_model.bin").write_bytes(pickle.dumps({"x": Evil()}))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (edit_config(model_type="t5", architectures=["T5ForConditionalGeneration"]), "a t5 model"),
+        (edit_config(model_type="bart"), "tf import takes Marian"),
+        (edit_config(normalize_before=True), "normalize_before: true is a Marian variant"),
+        (edit_config(static_position_embeddings=False), "static_position_embeddings"),
+        (edit_config(activation_function="tanh"), "activation_function 'tanh'"),
+        (remove("source.spm"), "source.spm: missing"),
+        (remove("vocab.json"), "vocab.json: missing"),
+        (lambda d: (d / "target.spm").write_text("not a model"), "not a SentencePiece model"),
+        (lambda d: (d / "vocab.json").write_text("{"), "vocab.json: not readable JSON"),
+        (edit_config(vocab_size=999), "config.json's vocab_size is 999"),
+        (remove("model.safetensors"), "no model.safetensors or pytorch_model.bin"),
+        (evil_pickle, "pytorch_model.bin: not loadable as plain weights"),
+    ],
+    ids=[
+        "t5",
+        "bart",
+        "pre-ln",
+        "learned-positions",
+        "activation",
+        "no-source-spm",
+        "no-vocab",
+        "bad-spm",
+        "bad-vocab",
+        "vocab-size",
+        "no-weights",
+        "malicious-pickle",
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, tiny_prefix, change, message):
+    directory = broken(tmp_path, tiny_prefix, change)
+    out = tmp_path / "run"
+    result = tf("import", directory, "-o", out)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert not out.exists() and not (directory / "pwned").exists()
+
+
+def test_an_existing_output_needs_force(tmp_path, tiny_prefix):
+    directory = small_standin(tmp_path, tiny_prefix)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = tf("import", directory, "-o", out)
+    assert result.exit_code == 2 and "use --force" in result.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    assert tf("import", directory, "-o", out, "--force").exit_code == 0
+    assert not (out / "keep.txt").exists() and (out / "checkpoints" / "last.pt").is_file()
+
+
+def test_an_imported_run_is_no_training_run_to_resume(tmp_path, tiny_prefix):
+    run = imported(small_standin(tmp_path, tiny_prefix), tmp_path)
+    result = tf("train", "--resume", run)
+    assert result.exit_code == 2
+    assert "an imported model, not a training run" in result.stderr
+    assert "--init" in result.stderr
+
+
+def test_fine_tuning_keeps_the_tokenizer_and_refuses_what_needs_another(tmp_path, tiny_prefix):
+    run = imported(small_standin(tmp_path, tiny_prefix), tmp_path)
+    common = ["train", "finetune", "--init", run, "--out", tmp_path / "ft"]
+    for setting, message in [
+        ("data.vocab_size=16000", "data.vocab_size 16000: train.init"),
+        ("data.tokenizer_type=unigram", "data.tokenizer_type 'unigram'"),
+        (f'data.train=[{{corpus: "{tiny_prefix}", tag: "<bt>"}}]', "the tag(s) <bt>"),
+    ]:
+        result = tf(*common, "--set", setting)
+        assert result.exit_code == 2, result.output
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "ft").exists()
+
+
+def test_engine_reads_a_target_language_token_as_one_piece(tmp_path, tiny_prefix):
+    directory = small_standin(tmp_path, tiny_prefix, language_tokens=(">>fra<<", ">>deu<<"))
+    run = imported(directory, tmp_path)
+    engine = load_engine(str(run), torch.device("cpu"), ["decode.beam_size=1"])
+    fra, deu = engine.tokenizer.tags[">>fra<<"], engine.tokenizer.tags[">>deu<<"]
+    (src_fra, _), (src_deu, _) = engine.stream([">>fra<< Y dijo Dios", ">>deu<< Y dijo Dios"], "x")
+    assert src_fra[0] == fra and src_deu[0] == deu and src_fra[1:] == src_deu[1:]
+
+
+# ---------------------------------------------------------------------------------- end to end
+
+
+def test_import_fine_tune_resume_constrain_distill_export(tmp_path, tiny_prefix):
+    """The whole path of a pretrained model: import, fine-tune on a corpus list with cleaning
+    (validated at step 0), resume exactly after a stop, translate with a constraint, distill a
+    student with its own tokenizer, export to both formats."""
+    run = imported(small_standin(tmp_path, tiny_prefix), tmp_path)
+    corpus = f'{{corpus: "{tiny_prefix}"'
+    corpora = f"data.train=[{corpus}, weight: 1}}, {corpus}, weight: 0.5}}]"
+    common = [
+        "--set", corpora,
+        "--set", f"data.dev={tiny_prefix}-dev",
+        "--set", "train.max_tokens=512",
+        "--set", "train.eval_every=2",
+        "--set", "train.save_every=2",
+        "--set", "train.eval_bleu_sentences=8",
+        "--set", "train.deterministic=true",
+        "--set", "train.precision=fp32",
+        "--set", "train.lr=1e-3",
+    ]  # fmt: skip
+
+    def fine_tune(out: Path, steps: int) -> None:
+        result = tf("train", "finetune", "--init", run, "--out", out, *common, "--set", steps)
+        assert result.exit_code == 0, result.output
+
+    fine_tune(tmp_path / "straight", "train.max_steps=4")
+    stopped = tmp_path / "stopped"
+    fine_tune(stopped, "train.max_steps=2")
+    again = tf("train", "--resume", stopped, "--set", "train.max_steps=4", "--allow-config-change")
+    assert again.exit_code == 0, again.output
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
+    b = load_checkpoint(stopped / "checkpoints" / "last.pt")
+    assert a["step"] == b["step"] == 4
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    records = [json.loads(line) for line in (stopped / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "dev_bleu" in r] == [0, 2, 4]  # step 0: before any update
+    report = json.loads((stopped / "data.json").read_text())["corpora"]
+    assert [c["weight"] for c in report] == [1, 0.5] and "duplicate" in report[0]["removed"]
+    assert (stopped / "tokenizer" / "vocab.json").is_file()  # the model's own, kept
+
+    request = json.dumps({"text": "Y dijo Dios: Sea la luz.", "constraints": ["God"]}) + "\n"
+    constrained = tf("translate", stopped, "--input-format", "jsonl", "--beam", "4", input=request)
+    assert constrained.exit_code == 0, constrained.output
+    assert "God" in constrained.stdout
+
+    distilled = tmp_path / "distilled"
+    short = ["--set", "decode.max_len_a=0", "--set", "decode.max_len_b=12"]
+    assert tf("distill", stopped, "--out", distilled, "--beam", "2", *short).exit_code == 0
+    student = tmp_path / "student"
+    trained_student = tf(
+        "train", "tiny", "--out", student,
+        "--set", f"data.train={distilled}/train",
+        "--set", f"data.dev={tiny_prefix}-dev",
+        "--set", "data.clean=false",  # a teacher of 4 updates repeats itself
+        "--set", "train.max_steps=2",
+    )  # fmt: skip
+    assert trained_student.exit_code == 0, trained_student.output
+    assert (student / "tokenizer" / "joint.model").is_file()  # a small tokenizer of its own
+
+    for engine in ("huggingface", "ctranslate2"):
+        result = tf("export", stopped, "--to", engine, "-o", tmp_path / engine)
+        assert result.exit_code == 0, result.output
+    lines = read_file_lines(Path(f"{tiny_prefix}-dev.es"))[:10]
+    greedy = ["decode.precision=fp32"]
+    assert translated(tmp_path / "ctranslate2", lines, 1, greedy) == translated(
+        stopped, lines, 1, greedy
+    )
+
+
+def test_every_command_takes_an_imported_run(tmp_path, tiny_prefix):
+    """translate (--int8, an ensemble, a prefix), eval, serve, prune, average, and the
+    target-language token of a multilingual model on each way in."""
+    from test_serve import call, serving
+
+    from cli.inference.server import build_app
+
+    directory = small_standin(tmp_path, tiny_prefix, language_tokens=(">>fra<<",))
+    run = imported(directory, tmp_path)
+    text = ">>fra<< Y dijo Dios: Sea la luz.\nEn el principio\n"
+    plain = tf("translate", run, "--greedy", input=text)
+    assert plain.exit_code == 0, plain.output
+    assert len(plain.stdout.splitlines()) == 2
+    for extra in (["--int8"], [str(run)]):  # int8; an ensemble of the run with itself
+        result = tf("translate", run, *extra, "--greedy", input=text)
+        assert result.exit_code == 0, result.output
+    assert tf("translate", run, str(run), "--greedy", input=text).stdout == plain.stdout
+    request = json.dumps({"text": "Y dijo Dios", "prefix": "And"}) + "\n"
+    prefixed = tf("translate", run, "--input-format", "jsonl", input=request)
+    assert prefixed.exit_code == 0 and prefixed.stdout.startswith("And")
+    src, ref = Path(f"{tiny_prefix}-dev.es"), Path(f"{tiny_prefix}-dev.en")
+    assert tf("eval", run, "--src", src, "--ref", ref, "--greedy").exit_code == 0
+    engine = load_engine(str(run), torch.device("cpu"), ["decode.beam_size=1"])
+    with serving(build_app(engine, "run", "pytorch")) as url:
+        status, body, _ = call(f"{url}/translate", {"text": text.splitlines()})
+    assert status == 200 and body["translations"] == plain.stdout.splitlines()
+    pruned = run / "checkpoints" / "pruned.pt"
+    result = tf("prune", run, "-o", pruned, "--heads", "1", "--ffn", "0.5")
+    assert result.exit_code == 0, result.output
+    assert tf("translate", pruned, "--greedy", input=text).exit_code == 0
+    averaged = run / "checkpoints" / "avg.pt"
+    last = run / "checkpoints" / "last.pt"
+    assert tf("average", last, last, "-o", averaged).exit_code == 0
+    assert tf("translate", averaged, "--greedy", input=text).stdout == plain.stdout
