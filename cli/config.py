@@ -25,6 +25,10 @@ from data.config import DataConfig, check_data
 from data.files import atomic_output
 from model.transformer import ModelConfig
 
+# The run's config beside an exported model (CTranslate2, Hugging Face): what `tf translate DIR`
+# decodes with, and what `tf import` of an export restores.
+TF_CONFIG = "tf_config.yaml"
+
 
 class ConfigError(Exception):
     """A bad config file, key or value; `str()` is one line for the user."""

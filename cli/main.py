@@ -322,14 +322,19 @@ def distill(
     lenpen: Lenpen = None,
     set_: DecodeSet = None,
     device: Device = "auto",
+    corpus: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            help="Translate this corpus's sources instead (repeatable).", show_default=False
+        ),
+    ] = None,
 ) -> None:
     """Sequence-level distillation data: the teacher translates its training sources."""
     from cli.commands.distill import run_distill
     from cli.inference.decoding import decode_overrides
 
-    typer.echo(
-        run_distill(teacher, out, decode_overrides(beam, False, None, lenpen, set_ or []), device)
-    )
+    overrides = decode_overrides(beam, False, None, lenpen, set_ or [])
+    typer.echo(run_distill(teacher, out, overrides, device, corpus or []))
 
 
 @app.command()

@@ -21,7 +21,8 @@ class Batch:
     """One padded batch, ready for the model (masks as in `torch.nn.Transformer`).
 
     Shape:
-        src: (B, S) long; tgt_in: (B, T) long, BOS + y; tgt_out: (B, T) long, y + EOS.
+        src: (B, S) long; tgt_in: (B, T) long, start + y; tgt_out: (B, T) long, y + EOS, where
+        start is the decoder's first token (BOS; pad for an imported Marian model).
         src_pad_mask: (B, S) bool, True = padding; tgt_pad_mask: (B, T) bool, True = padding
         (it holds for `tgt_in` and `tgt_out` alike). Without targets T = 0.
     """
@@ -92,13 +93,15 @@ def collate(
     eos_id: int,
     indices: Sequence[int],
 ) -> Batch:
-    """Pad token ids into a `Batch`; targets gain BOS (`tgt_in`) and EOS (`tgt_out`).
+    """Pad token ids into a `Batch`; targets gain the start token (`tgt_in`) and EOS
+    (`tgt_out`).
 
     Args:
         src: source ids of each example, without BOS/EOS.
         tgt: target ids of each example, without BOS/EOS; None for inference, which gives
             empty (B, 0) target tensors.
-        pad_id, bos_id, eos_id: the tokenizer's special ids.
+        pad_id, bos_id, eos_id: the tokenizer's special ids; bos_id is the decoder's start
+            token (`Tokenizer.decoder_start_id`: BOS, or pad for Marian's models).
         indices: the dataset row of each example, kept in `Batch.indices`.
 
     Returns:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from data.errors import InputError
+
 
 @dataclass
 class CorpusConfig:
@@ -54,6 +56,17 @@ class DataConfig:
         return list(dict.fromkeys(c.tag for c in self.corpora() if c.tag))
 
 
+def check_trainable(d: DataConfig) -> None:
+    """A run that trains (or trains a tokenizer) needs a corpus; a config that describes a
+    model alone (an imported one's: `data.train: []`) has none.
+
+    Raises:
+        InputError: data.train names no corpus.
+    """
+    if not d.corpora():
+        raise InputError("data.train is an empty list: name at least one corpus to train on")
+
+
 # Pieces that mean something to some tokenizer: never a corpus tag.
 SPECIAL_PIECES = ("<s>", "</s>", "<pad>", "<unk>", "<mask>", "<cls>", "<sep>", "<bos>", "<eos>")
 _TAG = re.compile(r"<[^\s<>]+>|>>[^\s<>]+<<")
@@ -82,8 +95,6 @@ def check_data(d: DataConfig, fail: Callable[[str], None]) -> None:
         fail(f"data.vocab_size must be 8 or more, got {d.vocab_size}")
     if not 0 < d.character_coverage <= 1:
         fail(f"data.character_coverage must be in (0, 1], got {d.character_coverage}")
-    if not d.corpora():
-        fail("data.train is an empty list: name at least one corpus")
     for i, c in enumerate(d.corpora()):
         where = corpus_name(d, i)
         if not c.corpus.strip():

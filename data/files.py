@@ -1,4 +1,5 @@
-"""Output files: checked before any work, written whole or not at all."""
+"""Files: outputs checked before any work and written whole or not at all; JSON objects read
+with one-line errors."""
 
 from __future__ import annotations
 
@@ -72,3 +73,22 @@ def write_json(path: Path, value) -> None:
     """`value` as indented JSON in `path`, atomically (see `atomic_output`)."""
     with atomic_output(path) as f:
         json.dump(value, f, indent=1)
+
+
+def read_json_object(path: Path, default: dict | None = None) -> dict:
+    """The JSON object in `path` (`default` when given and there is no such file).
+
+    Raises:
+        InputError: missing, unreadable, not JSON, or not an object, naming the file.
+    """
+    if default is not None and not path.is_file():
+        return default
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: missing") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: not a JSON object")
+    return value

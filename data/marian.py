@@ -15,17 +15,17 @@ There is no BOS: the decoder starts from `<pad>` (`model.decoder_start: pad`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import sentencepiece as spm
 
 from data.errors import InputError
+from data.files import read_json_object
 from data.tokenizer import THREADS, Tokenizer, load_sentencepiece
 
 SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
 VOCAB, TARGET_VOCAB, TOKENIZER_CONFIG = "vocab.json", "target_vocab.json", "tokenizer_config.json"
-SPECIAL_PIECES = {"eos_id": "</s>", "unk_id": "<unk>", "pad_id": "<pad>"}
+SPECIAL_TOKENS = {"eos_id": "</s>", "unk_id": "<unk>", "pad_id": "<pad>"}
 WORD = "\u2581"  # SentencePiece's word boundary, "▁"
 
 
@@ -44,7 +44,8 @@ class MarianTokenizer(Tokenizer):
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.threads = THREADS
-        self.separate = bool(_read_json(directory / TOKENIZER_CONFIG, {}).get("separate_vocabs"))
+        settings = read_json_object(directory / TOKENIZER_CONFIG, default={})
+        self.separate = bool(settings.get("separate_vocabs"))
         names = [SOURCE_SPM, TARGET_SPM, VOCAB] + ([TARGET_VOCAB] if self.separate else [])
         for path in (directory / name for name in names):
             if not path.is_file():
@@ -74,10 +75,6 @@ class MarianTokenizer(Tokenizer):
         # for a shared vocabulary, but reads one at the start of any source).
         self.tags = {p: i for p, i in self.src_vocab.items() if _is_language_token(p)}
 
-    @staticmethod
-    def found_in(directory: Path) -> bool:
-        return is_marian_tokenizer(directory)
-
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         """Source sentences to ids, EOS appended; a leading `>>xx<<` is one token (as
         `MarianTokenizer.remove_language_code` splits it off before SentencePiece)."""
@@ -90,6 +87,10 @@ class MarianTokenizer(Tokenizer):
             [vocab.get(p, unk) for p in code + row] + [self.eos_id]
             for (code, _), row in zip(split, pieces)
         ]
+
+    def truncate_src(self, ids: list[int], max_len: int) -> list[int]:
+        """Cut to `max_len` with the EOS kept last, as transformers truncates."""
+        return list(ids) if len(ids) <= max_len else [*ids[: max_len - 1], self.eos_id]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         """Target sentences to ids; no EOS (the batching adds it)."""
@@ -147,19 +148,10 @@ def _split_language_code(text: str) -> tuple[list[str], str]:
     return [], text
 
 
-def _read_json(path: Path, default=None):
-    if default is not None and not path.is_file():
-        return default
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise InputError(f"{path}: not readable JSON ({e})") from None
-
-
 def _read_vocabulary(path: Path) -> dict[str, int]:
     """A {piece: id} vocabulary whose ids are 0 .. V-1, each once."""
-    vocab = _read_json(path)
-    if not isinstance(vocab, dict) or not all(
+    vocab = read_json_object(path)
+    if not all(
         isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
         for k, v in vocab.items()
     ):
@@ -177,7 +169,7 @@ def _pieces_by_id(vocab: dict[str, int]) -> list[str]:
 
 
 def _special_ids(vocab: dict[str, int], path: Path) -> dict[str, int]:
-    missing = [piece for piece in SPECIAL_PIECES.values() if piece not in vocab]
+    missing = [piece for piece in SPECIAL_TOKENS.values() if piece not in vocab]
     if missing:
         raise InputError(f"{path}: no {', '.join(missing)} in the vocabulary")
-    return {name: vocab[piece] for name, piece in SPECIAL_PIECES.items()}
+    return {name: vocab[piece] for name, piece in SPECIAL_TOKENS.items()}

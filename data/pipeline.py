@@ -25,7 +25,7 @@ import numpy as np
 
 from data.batching import Batch, BatchIterator, RaggedConcat
 from data.clean import Reference, first_row_holding
-from data.config import DataConfig, corpus_name
+from data.config import DataConfig, check_trainable, corpus_name
 from data.corpus import encode_corpus, filter_pairs, load_corpus, token_ids
 from data.errors import InputError
 from data.files import write_json
@@ -90,6 +90,7 @@ def prepare_training_data(
 
 def load_training_corpora(d: DataConfig, show_bars: bool = False) -> list[datasets.Dataset]:
     """Each corpus of `data.train`, read (and cached as Arrow) through `datasets`."""
+    check_trainable(d)
     if show_bars:  # reading a large corpus takes a while: show it
         datasets.enable_progress_bars()
     try:
@@ -203,7 +204,8 @@ def dev_sets(
         **special,
     )
     n = min(b.eval_bleu_sentences or len(dev), len(dev))
-    src_ids = [ids[:limit] for ids in dev_encoded.select(range(n))["src_ids"]]
+    first = dev_encoded.select(range(n))["src_ids"]
+    src_ids = [tokenizer.truncate_src(ids, limit) for ids in first]
     return list(dev_batches), src_ids, list(dev.select(range(n))["tgt"])
 
 
@@ -240,6 +242,7 @@ def choose_tokenizer(
             listing = ", ".join(f"{k} {found.get(k)!r} (config: {wanted[k]!r})" for k in differ)
             raise InputError(f"{directory}: the run's tokenizer was trained with {listing}")
         log.info("the tokenizer in %s does not match the config: retraining it", directory)
+        shutil.rmtree(directory)  # the run's own folder: whatever kind of tokenizer it held
     log.info(
         "training a %s tokenizer (vocab %d) on %d pairs",
         d.tokenizer_type,
@@ -247,6 +250,19 @@ def choose_tokenizer(
         len(corpus),
     )
     return train_tokenizer_for(d, corpus, directory, seed, progress)
+
+
+def check_before_work(d: DataConfig, decoder_start: str) -> None:
+    """Before any data work: a corpus to train on, and the tokenizer `data.tokenizer` names
+    loads and has the token the decoder starts from (an imported Marian tokenizer has no BOS:
+    `model.decoder_start: pad`).
+
+    Raises:
+        InputError: naming the tokenizer folder and what it lacks.
+    """
+    check_trainable(d)
+    if d.tokenizer:
+        Tokenizer.load(Path(d.tokenizer)).decoder_start_id(decoder_start)
 
 
 def adopt_tokenizer(source: Path, directory: Path, resume: bool) -> Tokenizer:

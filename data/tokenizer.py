@@ -219,6 +219,10 @@ class Tokenizer:
         ids = self._src.encode(bodies, out_type=int, num_threads=self.threads)
         return [row if head is None else [head, *row] for (head, _), row in zip(split, ids)]
 
+    def truncate_src(self, ids: list[int], max_len: int) -> list[int]:
+        """A source's ids cut to `max_len` (Marian's keep their final EOS)."""
+        return list(ids[:max_len])
+
     def _split_tag(self, text: str) -> tuple[int | None, str]:
         """(the id of the tag `text` starts with, or None; the text after it)."""
         words = text.split(maxsplit=1)

@@ -409,7 +409,7 @@ class Transformer(nn.Module):
         are never used.
 
         Args:
-            tgt_in: (B, T) target ids, BOS first, right-padded.
+            tgt_in: (B, T) target ids, the start token first (`decoder_start`), right-padded.
             memory: (B, S, D) from `encode`.
             src_pad_mask: (B, S) True = padding.
             tgt_pad_mask: (B, T) True = padding, or None; hidden by the causal mask already

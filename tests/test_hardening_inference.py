@@ -294,7 +294,16 @@ def test_every_output_starts_with_its_prefix_and_holds_its_constraints(engine, a
     try:
         ((_, hyps),) = list(engine.stream([request], "<test>"))
     except InputError as e:
-        assert "\n" not in str(e) and str(e).startswith("<test>:1: "), e
+        message = str(e)
+        assert "\n" not in message and message.startswith("<test>:1: "), e
+        # Only for what cannot be done: constraints or a prefix on no text, constraints the
+        # n-gram ban makes impossible, more pieces than the line's length limit.
+        if "but no text" in message:
+            assert not request.text, e
+        elif "no translation can hold" in message:
+            assert ngram > 0 and request.constraints, e
+        else:
+            assert "length limit" in message, e
         event("refused")
         return
     event("translated")

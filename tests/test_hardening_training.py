@@ -46,6 +46,15 @@ def test_validation_decodes_greedily_whatever_the_sampling_settings(tmp_path, ti
         scores.append([(r["dev_bleu"], r["dev_chrf"]) for r in validations(tmp_path / name)])
     assert scores[0] == scores[1] == scores[2]
     assert len(scores[0]) == 2  # step 0 and the end
+    # Those settings do sample when asked to: the validation above ignored them.
+    lines = Path(f"{tiny_prefix}-dev.es").read_text()
+    greedy = tf("translate", tmp_path / "greedy", "--greedy", input=lines)
+    sampled = tf(
+        "translate", tmp_path / "seed2", "--greedy", "--set", "decode.sampling_topk=-1",
+        "--set", "decode.seed=2", "--set", "decode.sampling_temperature=3", input=lines,
+    )  # fmt: skip
+    assert greedy.exit_code == sampled.exit_code == 0
+    assert greedy.stdout != sampled.stdout
 
 
 def corpus(pairs: list[tuple[str, str]]) -> datasets.Dataset:

@@ -484,3 +484,72 @@ def test_every_command_takes_an_imported_run(tmp_path, tiny_prefix):
     last = run / "checkpoints" / "last.pt"
     assert tf("average", last, last, "-o", averaged).exit_code == 0
     assert tf("translate", averaged, "--greedy", input=text).stdout == plain.stdout
+
+
+def test_blank_lines_stay_blank_and_long_sources_keep_their_eos(tmp_path, tiny_prefix):
+    """Marian's tokenizer ends every source in EOS, an empty one too: a blank line is still
+    no source (no invented translation; a prefix on it is refused), and a source cut to the
+    model's limit keeps its EOS last, as transformers truncates."""
+    run = imported(small_standin(tmp_path, tiny_prefix), tmp_path)
+    result = tf("translate", run, "--greedy", input="Y dijo Dios\n\n   \nEn el principio\n")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.split("\n")
+    assert lines[1] == lines[2] == "" and lines[0] and lines[3]
+    request = json.dumps({"text": "", "prefix": "And"}) + "\n"
+    refused = tf("translate", run, "--input-format", "jsonl", input=request)
+    assert refused.exit_code == 2 and "no text" in refused.stderr
+    engine = load_engine(str(run), torch.device("cpu"), [])
+    long = " ".join(["y dijo Dios"] * 200)
+    ((src, _),) = engine.stream([long], "x")
+    assert len(src) == engine.config.model.max_positions and src[-1] == engine.tokenizer.eos_id
+    assert src[:-1] == engine.tokenizer.encode_src([long])[0][: len(src) - 1]
+
+
+def test_learned_positions_in_the_weights_are_refused(tmp_path, tiny_prefix):
+    """A file that keeps its position table (older exports do) must hold Marian's sinusoids:
+    learned positions would change every logit without a word."""
+    from safetensors.torch import load_file, save_file
+
+    directory = small_standin(tmp_path, tiny_prefix)
+    weights = load_file(directory / "model.safetensors")
+    table = torch.randn(TINY["max_position_embeddings"], TINY["d_model"])
+    weights["model.encoder.embed_positions.weight"] = table
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    result = tf("import", directory, "-o", tmp_path / "run")
+    assert result.exit_code == 2 and "are not Marian's sinusoids" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_imported_teacher_distills_the_corpus_it_is_given(tmp_path, tiny_prefix):
+    """An imported model was trained on no corpus of tf's: `tf distill` asks for one
+    (`--corpus`), where a trained teacher translates its own training sources."""
+    run = imported(small_standin(tmp_path, tiny_prefix), tmp_path)
+    config = load_checkpoint(run / "checkpoints" / "last.pt")["config"]["data"]
+    assert config["train"] == [] and (config["src_lang"], config["tgt_lang"]) == ("es", "en")
+    out = tmp_path / "distilled"
+    refused = tf("distill", run, "--out", out)
+    assert refused.exit_code == 2 and "--corpus" in refused.stderr and not out.exists()
+    short = ["--set", "decode.max_len_a=0", "--set", "decode.max_len_b=6"]
+    done = tf("distill", run, "--out", out, "--corpus", f"{tiny_prefix}-dev", "--beam", "1", *short)
+    assert done.exit_code == 0, done.output
+    sources = (out / "train.es").read_text().splitlines()
+    assert sources == read_file_lines(Path(f"{tiny_prefix}-dev.es"))
+    assert len((out / "train.en").read_text().splitlines()) == len(sources)
+
+
+def test_fine_tuning_keeps_the_models_direction(tmp_path, tiny_prefix):
+    """train.init's languages are the run's (a config that names none takes them); other
+    ones are refused in one line."""
+    directory = small_standin(tmp_path, tiny_prefix)
+    settings = json.loads((directory / "tokenizer_config.json").read_text())
+    settings.update(source_lang="en", target_lang="de")  # as if opus-mt-en-de
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings))
+    run = imported(directory, tmp_path)
+    out = tmp_path / "ft"
+    result = tf("train", "finetune", "--init", run, "--out", out, "--set", "data.src_lang=fr")
+    assert result.exit_code == 2 and "translates en->de" in result.stderr
+    # Without languages of its own, the run is en->de: it reads the corpus's .de side.
+    result = tf(
+        "train", "finetune", "--init", run, "--out", out, "--set", f"data.train={tiny_prefix}"
+    )
+    assert result.exit_code == 2 and "tiny.de: no such file" in result.stderr

@@ -1,8 +1,9 @@
 """`tf distill`: sequence-level knowledge distillation data (Kim & Rush, 2016).
 
-The teacher translates its own training sources (beam search, batched); a student then trains
+The teacher translates its own training sources, or those of the corpora `--corpus` names (an
+imported teacher's: it has none of its own), with beam search, batched; a student then trains
 on the teacher's outputs instead of the references, with the teacher's tokenizer
-(`data.tokenizer`). The corpus is written as OUT/train.SRC and OUT/train.TGT, with
+(`data.tokenizer`) or one of its own. The corpus is written as OUT/train.SRC and OUT/train.TGT, with
 OUT/distill.json recording what made it: the teacher (its checkpoint or exported directory,
 with a digest of its weights), the engine, the device and every decode setting.
 
@@ -12,22 +13,35 @@ the same teacher and settings made it, and starts over otherwise.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from cli.device import pick_device
 from cli.inference.bulk import translate_corpus
 from cli.inference.engines import load_engine
+from data.config import CorpusConfig
 from data.corpus import load_corpus
+from data.errors import InputError
 
 
-def run_distill(teacher: str, out: Path, overrides: list[str], device_name: str) -> str:
-    """Translate the teacher's training sources into OUT (see the module docstring)."""
+def run_distill(
+    teacher: str, out: Path, overrides: list[str], device_name: str, corpora: list[str] = ()
+) -> str:
+    """Translate the teacher's training sources, or those of `corpora`, into OUT (see the
+    module docstring)."""
     device = pick_device(device_name)
     engine = load_engine(teacher, device, overrides)
     d = engine.config.data
-    corpora = [c.corpus for c in d.corpora()]
+    if corpora:
+        d = replace(d, train=[CorpusConfig(spec) for spec in corpora])
+    elif not d.corpora():  # an imported teacher: trained on no corpus of ours
+        raise InputError(
+            f"{teacher}: an imported model, trained on no corpus tf knows; name the sources "
+            "to translate with --corpus SPEC (the corpus the student will learn from)"
+        )
+    specs = [c.corpus for c in d.corpora()]
     sources = training_sources(d)
-    return translate_corpus(engine, teacher, device, sources, out, "distill", {"corpus": corpora})
+    return translate_corpus(engine, teacher, device, sources, out, "distill", {"corpus": specs})
 
 
 def training_sources(d) -> list[str]:

@@ -15,6 +15,7 @@ from cli.training.preflight import check_settings
 from cli.training.run import RunDir, start_run
 from cli.training.trainer import Trainer
 from data.files import atomic_output
+from data.pipeline import check_before_work
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,7 @@ def run_train(config: Config, out: Path, resume: bool, force: bool = False) -> s
     dd, device = distributed.init(config.train.device, config.train.dist_timeout)
     try:
         check_settings(config, device)  # before the run directory, the tokenizer, the data
+        check_before_work(config.data, config.model.decoder_start)
         reason = _train(config, out, resume, force, dd, device)
         # The trainer (its DDP reducer, its memory-mapped Arrow tables) is gone by now, and no
         # rank leaves while another still writes its last checkpoint: a rank tearing its

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from cli.config import Config, save_config
+from cli.config import TF_CONFIG, Config, save_config
 from data.errors import InputError
 from data.tokenizer import Tokenizer
 from model.transformer import Transformer
 
-TF_CONFIG = "tf_config.yaml"
-ACTIVATIONS = {"relu": "RELU", "swish": "SWISH", "gelu": "GELU"}  # model.activation -> CT2's
+# model.activation -> CTranslate2's Activation
+CT2_ACTIVATIONS = {"relu": "RELU", "swish": "SWISH", "gelu": "GELU"}
 # A logit this far below the others has a probability of exactly 0 in float32 and float16 alike
 # (exp(-1e4) underflows both), and stays finite where -inf could make a kernel's NaN.
 PAD_BIAS = -1e4
@@ -67,11 +67,11 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
         (c.n_encoder_layers, c.n_decoder_layers),
         c.n_heads,
         pre_norm=c.norm_first,
-        activation=getattr(common_spec.Activation, ACTIVATIONS[c.activation]),
+        activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[c.activation]),
     )
     # Copies: CTranslate2 may change the arrays in place (quantization), never our weights.
     weights = {k: v.detach().float().cpu().numpy().copy() for k, v in model.state_dict().items()}
-    positions = model.src_embed.positions.float().cpu().numpy().copy()  # (P, D) sin, cos, ...
+    positions = model.src_embed.positions.float().cpu().numpy().copy()  # (P, D), model.positions
     for stack, embed in ((spec.encoder, "src_embed"), (spec.decoder, "tgt_embed")):
         embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
         embeddings.weight = weights[f"{embed}.token.weight"]

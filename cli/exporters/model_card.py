@@ -108,6 +108,8 @@ def usage(src_lang: str, marian_tokenizer: bool = False) -> str:
 
 def data_section(config: Config) -> str:
     d = config.data
+    if not d.corpora():
+        return "Imported into `tf` as it was: its training data is the original model's."
     corpora = d.train if isinstance(d.train, str) else d.corpora()
     if isinstance(corpora, str):
         train = f"`{corpora}`"

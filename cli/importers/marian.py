@@ -16,40 +16,50 @@ import hashlib
 import json
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from cli.config import Config, ConfigError, DecodeConfig, check_config, load_config, save_config
-from cli.exporters.ctranslate2 import TF_CONFIG
-from cli.exporters.marian import tf_weights
+from cli.config import (
+    TF_CONFIG,
+    Config,
+    ConfigError,
+    DecodeConfig,
+    check_config,
+    load_config,
+    save_config,
+)
 from cli.training.checkpoint import FORMAT, save_atomic
 from cli.training.run import RunDir
 from data.config import DataConfig
 from data.errors import InputError
+from data.files import read_json_object
 from data.marian import TOKENIZER_CONFIG, MarianTokenizer
 from data.tokenizer import Tokenizer
+from model.marian import tf_weights
 from model.transformer import ModelConfig, Transformer, sinusoidal_positions
 
-# What a hub download fetches: the model's configuration, weights and tokenizer, nothing else.
+# What a hub download fetches: the model's configuration and tokenizer, then its weights in
+# safetensors, or (only where there are none) in pytorch_model.bin; nothing else.
 FILES = [
     "config.json",
-    TF_CONFIG,  # a `tf export`'s run config and SentencePiece model(s)
-    "joint.model",
-    "src.model",
-    "tgt.model",
     "generation_config.json",
-    "*.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
     "source.spm",
     "target.spm",
     "vocab.json",
     "target_vocab.json",
     TOKENIZER_CONFIG,
+    TF_CONFIG,  # a `tf export`'s run config and SentencePiece model(s)
+    "joint.model",
+    "src.model",
+    "tgt.model",
+    "*.safetensors",
+    "model.safetensors.index.json",
 ]
-ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+PICKLED = "pytorch_model.bin"
+HF_ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}  # -> ours
 HUB_NAME = re.compile(r"[\w.-]+(/[\w.-]+)?")
 # Keys of older Marian configurations that describe another network than tf's (and than the
 # one transformers runs): each with the value tf's model has.
@@ -67,7 +77,7 @@ def import_marian(source: str, out: Path, force: bool = False) -> str:
     user: the model, its vocabulary and its target-language tokens."""
     check_target(out, force)
     directory, origin = locate(source)
-    hf = read_json(directory / "config.json")
+    hf = read_hf_config(directory)
     if (directory / TF_CONFIG).is_file():  # a `tf export`: the run it came from, exactly
         config, tokenizer = exported_run(directory)
     else:
@@ -115,7 +125,10 @@ def download(name: str) -> Path:
             "'tf[export]')"
         ) from None
     try:
-        return Path(snapshot_download(name, allow_patterns=FILES))
+        directory = Path(snapshot_download(name, allow_patterns=FILES))
+        if not any(directory.glob("*.safetensors")):
+            directory = Path(snapshot_download(name, allow_patterns=FILES + [PICKLED]))
+        return directory
     except LocalEntryNotFoundError:
         raise InputError(
             f"{name}: no such directory, and the Hugging Face hub cannot be reached from here "
@@ -127,49 +140,74 @@ def download(name: str) -> Path:
         raise InputError(f"{name}: no such directory, nor a model on the hub ({reason})") from None
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise InputError(f"{path}: missing; tf import takes a Hugging Face Marian directory")
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise InputError(f"{path}: not readable JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise InputError(f"{path}: not a JSON object")
-    return value
+# config.json's numbers that tf takes, each a positive integer.
+SHAPES = (
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "max_position_embeddings",
+    "vocab_size",
+)
 
 
-def model_config_of(hf: dict[str, Any], directory: Path) -> ModelConfig:
-    """tf's ModelConfig of a MarianConfig (config.json), or a one-line InputError saying why
-    the model is not one `tf` runs."""
+def read_hf_config(directory: Path) -> dict[str, Any]:
+    """config.json, a Marian model's, with MarianConfig's defaults where it is silent (as
+    transformers reads it: an absent `scale_embedding` is false, say), its shapes checked."""
     where = directory / "config.json"
+    if not where.is_file():
+        raise InputError(
+            f"{where}: missing; tf import takes a Hugging Face Marian directory (config.json, "
+            "weights, source.spm, target.spm, vocab.json) or a hub name"
+        )
+    hf = read_json_object(where)
     kind = hf.get("model_type")
     if kind != "marian":
-        named = ", ".join(hf.get("architectures") or []) or "no architecture"
+        named = ", ".join(map(str, hf.get("architectures") or [])) or "no architecture"
         raise InputError(
             f"{where}: a {kind or 'unknown'} model ({named}); tf import takes Marian "
             "translation models (MarianMTModel, OPUS-MT's Helsinki-NLP/opus-mt-*)"
         )
+    try:
+        from transformers import MarianConfig
+    except ImportError:
+        raise InputError("tf import needs transformers: pip install 'tf[export]'") from None
+    hf = {**MarianConfig().to_dict(), **hf}
+    for key in SHAPES:
+        value = hf.get(key)
+        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            raise InputError(f"{where}: {key} must be a positive integer, got {value!r}")
+    return hf
+
+
+def model_config_of(hf: dict[str, Any], directory: Path) -> ModelConfig:
+    """tf's ModelConfig of a MarianConfig (`read_hf_config`), or a one-line InputError saying
+    why the model is not one `tf` runs."""
+    where = directory / "config.json"
     for key, value in VARIANTS.items():
         if key in hf and hf[key] != value:
             raise InputError(
                 f"{where}: {key}: {json.dumps(hf[key])} is a Marian variant tf's Post-LN model "
                 f"does not run (it takes {json.dumps(value)})"
             )
-    pairs = [("encoder_attention_heads", "decoder_attention_heads")]
-    pairs += [("encoder_ffn_dim", "decoder_ffn_dim")]
-    for a, b in pairs:
-        if hf.get(a) != hf.get(b):
-            raise InputError(f"{where}: {a} {hf.get(a)} and {b} {hf.get(b)} differ; tf has one")
-    activation = hf.get("activation_function", "gelu")
-    if activation not in ACTIVATIONS:
+    for a, b in (
+        ("encoder_attention_heads", "decoder_attention_heads"),
+        ("encoder_ffn_dim", "decoder_ffn_dim"),
+    ):
+        if hf[a] != hf[b]:
+            raise InputError(f"{where}: {a} {hf[a]} and {b} {hf[b]} differ; tf has one")
+    activation = hf["activation_function"]
+    if activation not in HF_ACTIVATIONS:
         raise InputError(
-            f"{where}: activation_function {activation!r}; tf has {', '.join(ACTIVATIONS)}"
+            f"{where}: activation_function {activation!r}; tf has {', '.join(HF_ACTIVATIONS)}"
         )
-    if hf.get("decoder_start_token_id") != hf.get("pad_token_id"):
+    if hf["decoder_start_token_id"] != hf["pad_token_id"]:
         raise InputError(
-            f"{where}: decoder_start_token_id {hf.get('decoder_start_token_id')} is not the "
-            f"pad token ({hf.get('pad_token_id')}), where Marian's decoders start"
+            f"{where}: decoder_start_token_id {hf['decoder_start_token_id']} is not the "
+            f"pad token ({hf['pad_token_id']}), where Marian's decoders start"
         )
     return ModelConfig(
         d_model=hf["d_model"],
@@ -177,12 +215,12 @@ def model_config_of(hf: dict[str, Any], directory: Path) -> ModelConfig:
         d_ff=hf["encoder_ffn_dim"],
         n_encoder_layers=hf["encoder_layers"],
         n_decoder_layers=hf["decoder_layers"],
-        dropout=float(hf.get("dropout", 0.1)),
-        attention_dropout=float(hf.get("attention_dropout", 0.0)),
-        activation_dropout=float(hf.get("activation_dropout", 0.0)),
+        dropout=float(hf["dropout"]),
+        attention_dropout=float(hf["attention_dropout"]),
+        activation_dropout=float(hf["activation_dropout"]),
         tie_embeddings=tying(hf, where),
-        max_positions=hf.get("max_position_embeddings", 512),
-        activation=ACTIVATIONS[activation],
+        max_positions=hf["max_position_embeddings"],
+        activation=HF_ACTIVATIONS[activation],
         output_bias=True,
         decoder_start="pad",
         norm_eps=1e-5,  # transformers' Marian: nn.LayerNorm's default
@@ -191,9 +229,8 @@ def model_config_of(hf: dict[str, Any], directory: Path) -> ModelConfig:
 
 
 def tying(hf: dict[str, Any], where: Path) -> str:
-    """tie_embeddings from Marian's two flags (both default to true, as in MarianConfig)."""
-    shared = hf.get("share_encoder_decoder_embeddings", True)
-    tied = hf.get("tie_word_embeddings", True)
+    """tie_embeddings from Marian's two flags."""
+    shared, tied = hf["share_encoder_decoder_embeddings"], hf["tie_word_embeddings"]
     if shared and not tied:
         raise InputError(
             f"{where}: shared embeddings with an untied output layer; tf ties the output "
@@ -205,7 +242,7 @@ def tying(hf: dict[str, Any], where: Path) -> str:
 def check_vocabulary(hf: dict[str, Any], tokenizer: Tokenizer, directory: Path) -> None:
     """The tokenizer against config.json: vocabulary sizes and special ids."""
     where = directory / "config.json"
-    shared = hf.get("share_encoder_decoder_embeddings", True)
+    shared = hf["share_encoder_decoder_embeddings"]
     if shared and not tokenizer.joint:
         raise InputError(f"{where}: shared embeddings, but two vocabularies (separate_vocabs)")
     sizes = [("vocab_size", tokenizer.src_vocab_size, "source")]
@@ -230,9 +267,9 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
     with weights_only=True), in float32 under MarianMTModel's names."""
     index = directory / "model.safetensors.index.json"
     single = directory / "model.safetensors"
-    pickled = directory / "pytorch_model.bin"
+    pickled = directory / PICKLED
     if index.is_file():
-        shards = sorted(set(read_json(index).get("weight_map", {}).values()))
+        shards = sorted(set(read_json_object(index).get("weight_map", {}).values()))
         weights = {}
         for shard in shards:
             weights.update(_safetensors(directory / shard))
@@ -241,7 +278,9 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
         weights, found = _safetensors(single), single
     elif pickled.is_file():
         try:
-            weights = torch.load(pickled, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch's notes on the pickle's protocol: noise
+                warnings.simplefilter("ignore")
+                weights = torch.load(pickled, map_location="cpu", weights_only=True)
         except Exception as e:  # an unpickling error, a truncated file, ...
             reason = " ".join(str(e).split())[:160]
             raise InputError(f"{pickled}: not loadable as plain weights ({reason})") from None
@@ -307,18 +346,21 @@ def run_config(model_config: ModelConfig, directory: Path, source: str) -> Confi
     """The imported run's config: the model, its languages (tokenizer_config.json's, else the
     name's `opus-mt-SRC-TGT`), the generation config's beam."""
     tokenizer_config = directory / TOKENIZER_CONFIG
-    langs = read_json(tokenizer_config) if tokenizer_config.is_file() else {}
+    langs = read_json_object(tokenizer_config) if tokenizer_config.is_file() else {}
     src_lang, tgt_lang = langs.get("source_lang"), langs.get("target_lang")
     named = re.search(r"opus-mt-([a-z_]+)-([a-z_]+)$", source.rstrip("/"), re.IGNORECASE)
     if not (src_lang and tgt_lang) and named:
         src_lang, tgt_lang = named.groups()
-    data = DataConfig(
+    data = DataConfig(  # a model alone: no corpus of tf's trained it (fine-tuning names some)
+        train=[],
+        dev="",
+        test="",
         src_lang=src_lang or "src",
         tgt_lang=tgt_lang or "tgt",
         max_len=min(DataConfig.max_len, model_config.max_positions - 1),
     )
     generation = directory / "generation_config.json"
-    beam = read_json(generation).get("num_beams") if generation.is_file() else None
+    beam = read_json_object(generation).get("num_beams") if generation.is_file() else None
     decode = DecodeConfig(beam_size=beam) if isinstance(beam, int) and 0 < beam <= 32 else None
     config = Config(data=data, model=model_config, decode=decode or DecodeConfig())
     try:
@@ -328,10 +370,16 @@ def run_config(model_config: ModelConfig, directory: Path, source: str) -> Confi
 
 
 def weights_file_record(path: Path) -> dict[str, str]:
+    """The weights' file name and the sha256 of their bytes (every shard's, in order)."""
+    files = [path]
+    if path.name.endswith(".index.json"):
+        shards = read_json_object(path).get("weight_map", {}).values()
+        files = [path.parent / shard for shard in sorted(set(shards))]
     sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            sha.update(block)
+    for file in files:
+        with open(file, "rb") as f:
+            for block in iter(lambda f=f: f.read(1 << 20), b""):
+                sha.update(block)
     return {"weights": path.name, "sha256": sha.hexdigest()}
 
 

@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from dataclasses import astuple, dataclass, field, replace
 
 from cli.config import DecodeConfig
+from cli.inference.decoding import search_widths
 from cli.inference.engines import Search
 from cli.inference.requests import Guide
 from model.search import Hypothesis
@@ -40,10 +41,10 @@ class Job:
 
     @property
     def cost(self) -> int:
-        """What it weighs in a batch and in the queue: source tokens x beam, for the search
-        keeps `beam` hypotheses per sentence and its memory grows with both."""
-        tokens = sum(max(1, len(ids)) for ids in self.src_ids)
-        return tokens * max(1, self.decode.beam_size)
+        """What it weighs in a batch and in the queue: source tokens x the rows their search
+        keeps (the beam; wider for a line with constraints), for its memory grows with both."""
+        widths = search_widths(self.decode, self.guides, len(self.src_ids))
+        return sum(max(1, len(ids)) * w for ids, w in zip(self.src_ids, widths))
 
 
 class Batcher:

@@ -24,7 +24,7 @@ from cli.inference.requests import Guide
 from data.batching import Batch, batch_by_tokens, collate
 from data.errors import InputError
 from data.tokenizer import Tokenizer
-from model.constraints import constrained_beam_search
+from model.constraints import constrained_beam_search, search_width
 from model.ensemble import Ensemble
 from model.search import Hypothesis, Sampling, beam_search, greedy_search, sample_search
 from model.transformer import DecoderCache, Transformer
@@ -184,42 +184,61 @@ def translate_ids(
     guides: list[Guide | None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Search for every source (already encoded and truncated), results in input order; each
-    may have a guide (`cli.inference.requests`), checked to fit its length limit."""
+    may have a guide (`cli.inference.requests`), checked to fit its length limit.
+
+    Sources are batched by `decode.max_tokens` source tokens, and by the rows their search
+    keeps: a line with constraints is searched at a wider beam (`search_width`), so it is
+    batched with lines of its width, under a budget cut in proportion."""
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
     todo = [i for i, ids in enumerate(src_ids) if ids]  # empty lines stay empty
-    lens = [len(src_ids[i]) for i in todo]
+    widths = search_widths(decode, guides, len(src_ids))
     start_id = tokenizer.decoder_start_id(model.config.decoder_start)
-    for group in batch_by_tokens(lens, [0] * len(lens), decode.max_tokens, max_sentences):
-        rows = [todo[j] for j in group]
-        batch = collate(
-            [src_ids[i] for i in rows],
-            None,
-            tokenizer.pad_id,
-            start_id,
-            tokenizer.eos_id,
-            rows,
-        ).to(device)
-        with inference_autocast(device, decode.precision):
-            hyps = search_batch(
-                model,
-                batch,
-                decode,
-                start_id,
-                tokenizer.eos_id,
-                start,
-                [guides[i] for i in rows] if guides else None,
-                pad_id=tokenizer.pad_id,
-            )
-        for i, h in zip(rows, hyps):
-            results[i] = h
+    for width in sorted({widths[i] for i in todo}):
+        members = [i for i in todo if widths[i] == width]
+        costs = [-(-len(src_ids[i]) * width // decode.beam_size) for i in members]
+        for group in batch_by_tokens(costs, [0] * len(costs), decode.max_tokens, max_sentences):
+            rows = [members[j] for j in group]
+            batch = collate(
+                [src_ids[i] for i in rows], None, tokenizer.pad_id, start_id, tokenizer.eos_id, rows
+            ).to(device)
+            with inference_autocast(device, decode.precision):
+                hyps = search_batch(
+                    model,
+                    batch,
+                    decode,
+                    start_id,
+                    tokenizer.eos_id,
+                    start,
+                    [guides[i] for i in rows] if guides else None,
+                    pad_id=tokenizer.pad_id,
+                )
+            for i, h in zip(rows, hyps):
+                results[i] = h
     return results
+
+
+def search_widths(decode: DecodeConfig, guides: list[Guide | None] | None, n: int) -> list[int]:
+    """The rows each of `n` sources' search keeps: the beam (or samples), wider for a line
+    with constraints (`model.constraints.search_width`)."""
+    if not guides:
+        return [decode.beam_size] * n
+    return [
+        search_width(decode.beam_size, g.constraints) if g else decode.beam_size for g in guides
+    ]
+
+
+def source_ids(tokenizer: Tokenizer, lines: list[str]) -> list[list[int]]:
+    """The ids of raw lines; a blank line has none (it stays empty, whatever a tokenizer
+    appends: Marian's ends every source, an empty one too, in EOS)."""
+    ids = tokenizer.encode_src([line.strip() for line in lines])
+    return [row if line.strip() else [] for line, row in zip(lines, ids)]
 
 
 def encode_sources(
     tokenizer: Tokenizer, lines: list[str], max_len: int, source: str, first_line: int
 ) -> list[list[int]]:
     """Encode raw lines; a line longer than the model's limit is cut, with one warning."""
-    ids = tokenizer.encode_src([line.strip() for line in lines])
+    ids = source_ids(tokenizer, lines)
     for n, seq in enumerate(ids):
         if len(seq) > max_len:
             log.warning(
@@ -229,7 +248,7 @@ def encode_sources(
                 len(seq),
                 max_len,
             )
-            ids[n] = seq[:max_len]
+            ids[n] = tokenizer.truncate_src(seq, max_len)
     return ids
 
 

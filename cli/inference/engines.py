@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from cli.config import Config, DecodeConfig, load_config, with_overrides
+from cli.config import TF_CONFIG, Config, DecodeConfig, load_config, with_overrides
 from cli.device import autocast_dtype
-from cli.exporters.ctranslate2 import TF_CONFIG, is_ctranslate2_dir
+from cli.exporters.ctranslate2 import is_ctranslate2_dir
 from cli.inference.decoding import Grouping, chunks, encode_sources, is_greedy, translate_ids
 from cli.inference.requests import Guide, Request, encode_guide
 from cli.training.checkpoint import CheckpointError, load_for_inference

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from cli.config import DecodeConfig
 from cli.inference.batcher import Batcher, QueueFull
+from cli.inference.decoding import source_ids
 from cli.inference.engines import Engine, check_found, length_limit
 from cli.inference.requests import Guide, Request, encode_guide, request_of
 from data.errors import InputError
@@ -104,7 +105,7 @@ def parse_text(text: object, limits: Limits) -> list[Request]:
 
 def encode_within_limit(engine: Engine, requests: list[Request]) -> list[list[int]]:
     """Source ids of the requests; a sentence longer than the model takes is a 400, not cut."""
-    ids = engine.tokenizer.encode_src([r.text for r in requests])
+    ids = source_ids(engine.tokenizer, [r.text for r in requests])
     limit = engine.config.model.max_positions
     for i, seq in enumerate(ids):
         if len(seq) > limit:

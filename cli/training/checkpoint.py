@@ -128,8 +128,9 @@ def with_init(config: Config) -> Config:
     check_keeps_tokenizer(config.data, tokenizer, path)
     shapes = {name: getattr(init.model, name) for name in INIT_SHAPES}
     # The run adopts that tokenizer (data.tokenizer); joint_vocab then says what it is, as the
-    # check of tie_embeddings "all" needs.
+    # check of tie_embeddings "all" needs; and it translates in the model's direction.
     data = replace(config.data, tokenizer=str(tokenizer.directory), joint_vocab=tokenizer.joint)
+    data = replace(data, **init_languages(config.data, init.data, path))
     merged = replace(config, model=replace(config.model, **shapes), data=data)
     return check_config(merged, f"the config with train.init {path}")
 
@@ -146,6 +147,19 @@ def init_tokenizer(config: Config, ckpt: dict[str, Any], path: Path, run: RunDir
         named = "data.tokenizer " if config.data.tokenizer else ""
         raise CheckpointError(f"{path}: was trained with another tokenizer than {named}{source}")
     return tokenizer
+
+
+def init_languages(d: DataConfig, init: DataConfig, path: Path) -> dict[str, str]:
+    """The languages of `train.init`'s model (its config's), which a config that names none
+    (the defaults) takes; other ones are a ConfigError: the weights translate one way."""
+    theirs = (init.src_lang, init.tgt_lang)
+    ours = (d.src_lang, d.tgt_lang)
+    if ours not in (theirs, (DataConfig.src_lang, DataConfig.tgt_lang)):
+        raise ConfigError(
+            f"data.src_lang/tgt_lang {'->'.join(ours)}: train.init {path} translates "
+            f"{'->'.join(theirs)}, and fine-tuning keeps its direction"
+        )
+    return {"src_lang": theirs[0], "tgt_lang": theirs[1]}
 
 
 def check_keeps_tokenizer(d: DataConfig, tokenizer: Tokenizer, path: Path) -> None:

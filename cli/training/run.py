@@ -120,6 +120,11 @@ def resume_config(
     if not run.config.is_file():
         raise TrainingError(f"{run.path}: not a run directory (no config.yaml)")
     saved = load_config(run.config)
+    if not saved.data.corpora():  # `tf import`'s: a model alone, trained on no corpus of ours
+        raise TrainingError(
+            f"{run.path}: an imported model, not a training run to resume; fine-tune it with "
+            f"tf train configs/finetune.yaml --init {run.path} --out NEW_RUN"
+        )
     wanted = (
         load_config(config_path, overrides) if config_path else load_config(run.config, overrides)
     )
