@@ -40,7 +40,9 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, config: Config, out:
     """Write `model` as a MarianMTModel directory `out`, with its tokenizer: what
     `AutoModelForSeq2SeqLM` and `AutoTokenizer` load (the model card is written by the caller)."""
     from transformers import MarianMTModel
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()  # "Writing model shards": one shard, no news
     check_exportable(model.config)
     start = tokenizer.decoder_start_id(model.config.decoder_start)
     special = dict(
