@@ -29,7 +29,6 @@ from benchmarks.common import OUT, corpus_batches, print_table, run_python
 from cli.config import load_config
 from cli.device import configure_device
 from cli.training.optim import build_optimizer
-from model.loss import label_smoothed_cross_entropy
 from model.transformer import ModelConfig, Transformer, sinusoidal_positions
 
 
@@ -90,9 +89,16 @@ class Reference(nn.Module):
 
 
 def ours_loss(model: Transformer, batch, eps: float) -> torch.Tensor:
-    positions = batch.tgt_index
-    logits = model(batch.src, batch.tgt_in, batch.src_pad_mask, batch.tgt_pad_mask, positions)
-    loss, _ = label_smoothed_cross_entropy(logits, batch.real_targets(), eps)  # logits (N, V)
+    """As the trainer computes it: the output layer and the loss at the real positions only."""
+    loss, _ = model(
+        batch.src,
+        batch.tgt_in,
+        batch.src_pad_mask,
+        batch.tgt_pad_mask,
+        batch.tgt_index,
+        batch.real_targets(),
+        eps,
+    )
     return loss / batch.n_tgt_tokens
 
 

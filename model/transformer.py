@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.attention import CrossAttention, KVCache, MultiheadAttention, SelfAttention, keep_mask
+from model.loss import projected_label_smoothed_cross_entropy
 
 TIE_EMBEDDINGS = ("none", "decoder", "all")
 # The feed-forward's nonlinearity: the paper's ReLU, or what a pretrained model was trained with
@@ -433,21 +434,35 @@ class Transformer(nn.Module):
         src_pad_mask: Tensor,
         tgt_pad_mask: Tensor | None,
         positions: Tensor | None = None,
-    ) -> Tensor:
-        """Logits of the next target token; arguments as `decode`.
+        targets: Tensor | None = None,
+        label_smoothing: float = 0.0,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Logits of the next target token, or with `targets` the training loss; arguments as
+        `decode`.
 
         Args:
             positions: (N,) long indices into the flattened (B*T) target positions, or None.
                 Training passes the real (non-pad) ones, so that the generator, the largest
                 matmul of the model, is never run on padding.
+            targets: (N,) the reference ids at `positions`: the generator and the
+                label-smoothed loss then run as one step (`model.loss`), and no logits are
+                returned. Inside `forward`, so that DistributedDataParallel sees every
+                parameter used there.
+            label_smoothing: the loss's epsilon.
 
         Returns:
-            (B, T, V) logits at every position, or (N, V) at `positions`, in their order.
+            (B, T, V) logits at every position, or (N, V) at `positions`, in their order; with
+            `targets`, (loss_sum, nll_sum) as `label_smoothed_cross_entropy` returns them.
         """
         memory = self.encode(src, src_pad_mask)
         hidden = self.decode(tgt_in, memory, src_pad_mask, tgt_pad_mask)  # (B, T, D)
         if positions is not None:
             hidden = hidden.flatten(0, 1).index_select(0, positions)  # (N, D)
+        if targets is not None:
+            generator = self.generator
+            return projected_label_smoothed_cross_entropy(
+                hidden, generator.weight, generator.bias, targets, label_smoothing
+            )
         return self.project(hidden)
 
     def cross_attention(

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.loss import label_smoothed_cross_entropy
+from model import loss as loss_module
+from model.loss import label_smoothed_cross_entropy, projected_label_smoothed_cross_entropy
 
 PAD = 0
 
@@ -105,3 +106,49 @@ def test_torch_ignore_index_convention_minus_100(requires_grad):
         expected.backward()
         torch.testing.assert_close(ours.grad, ref.grad)
         assert ours.grad[[1, 5]].abs().max() == 0
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_output_layer_and_loss_as_one_step_equal_them_apart(bias, monkeypatch):
+    """`projected_label_smoothed_cross_entropy` (what training runs) against nn.Linear then
+    the loss: the same sums and the same gradients of hidden, weight and bias, with chunks
+    smaller than the rows (several of them) and a scaled incoming gradient."""
+    monkeypatch.setitem(loss_module.CHUNK_ELEMENTS, "cpu", 40)  # 3 rows of 13 a chunk
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(10, 6, generator=g, dtype=torch.float64)
+    weight = torch.randn(13, 6, generator=g, dtype=torch.float64)
+    b = torch.randn(13, generator=g, dtype=torch.float64) if bias else None
+    target = torch.randint(0, 13, (10,), generator=g)
+    leaves = [t.clone().requires_grad_() for t in (hidden, weight, *([b] if bias else []))]
+    loss, nll = projected_label_smoothed_cross_entropy(
+        leaves[0], leaves[1], leaves[2] if bias else None, target, 0.1
+    )
+    (loss * 0.25).backward()
+    apart = [t.clone().requires_grad_() for t in (hidden, weight, *([b] if bias else []))]
+    logits = F.linear(apart[0], apart[1], apart[2] if bias else None)
+    expected, expected_nll = label_smoothed_cross_entropy(logits, target, 0.1)
+    (expected * 0.25).backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    assert nll.item() == pytest.approx(expected_nll.item(), rel=1e-12)
+    for ours, theirs in zip(leaves, apart):
+        torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():  # validation's path: the same sums, no gradient kept
+        again = projected_label_smoothed_cross_entropy(hidden, weight, b, target, 0.1)
+    assert again[0].item() == pytest.approx(expected.item(), rel=1e-12)
+
+
+def test_the_one_step_computes_in_autocasts_dtype():
+    """Under bf16 autocast the output layer multiplies in bf16 as the nn.Linear it replaces,
+    the softmax in float32; the gradients come back in the parameters' dtype."""
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(8, 16, generator=g, requires_grad=True)
+    weight = torch.randn(40, 16, generator=g, requires_grad=True)
+    target = torch.randint(0, 40, (8,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = projected_label_smoothed_cross_entropy(hidden, weight, None, target, 0.1)
+        logits = F.linear(hidden, weight)
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    expected, _ = label_smoothed_cross_entropy(logits, target, 0.1)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    loss.backward()
+    assert hidden.grad.dtype == weight.grad.dtype == torch.float32

@@ -173,19 +173,17 @@ def test_non_finite_loss_skips_the_update_then_stops(tmp_path, tiny_prefix, monk
         "train.eval_every=0",
         "train.save_every=2",
     )
-    import cli.training.trainer as train_module
-
-    real = train_module.label_smoothed_cross_entropy
+    real = trainer.loss_of
     calls = {"n": 0}
 
-    def poisoned(logits, target, epsilon, ignore_index=None):
+    def poisoned(batch, net=None):
         calls["n"] += 1
-        loss, nll = real(logits, target, epsilon)
+        loss, nll = real(batch, net)
         if calls["n"] == 3 or calls["n"] >= 6:  # one bad update, later a run of bad ones
             return loss * float("nan"), nll
         return loss, nll
 
-    monkeypatch.setattr(train_module, "label_smoothed_cross_entropy", poisoned)
+    monkeypatch.setattr(trainer, "loss_of", poisoned)
     with pytest.raises(TrainingError, match="3 non-finite losses in a row at step 5"):
         trainer.fit()
     # Updates 1, 2, (skipped), 3, 4 happened; the bad ones after step 4 changed no weight.

@@ -47,7 +47,6 @@ from cli.training.prefetch import Fetched, Prefetcher, training_batches
 from cli.training.preflight import check_settings
 from cli.training.run import RunDir, TrainingError, rng_state, set_rng_state
 from data.batching import Batch
-from model.loss import label_smoothed_cross_entropy
 
 log = logging.getLogger(__name__)
 
@@ -274,17 +273,20 @@ class Trainer:
 
     def loss_of(self, batch: Batch, net: torch.nn.Module | None = None) -> tuple[Tensor, Tensor]:
         """Summed smoothed loss and NLL of a batch, computed by `net` (default: the training
-        wrapper, DDP's when distributed); logits only at the real target positions."""
+        wrapper, DDP's when distributed); the output layer and the loss at the real target
+        positions only, as one step (`Transformer.forward` with targets)."""
         net = net or self.net
         ctx = torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else nullcontext()
         with ctx:
-            # (N, V) for the N real target tokens: DDP needs the whole model under forward().
-            logits = net(
-                batch.src, batch.tgt_in, batch.src_pad_mask, batch.tgt_pad_mask, batch.tgt_index
+            return net(
+                batch.src,
+                batch.tgt_in,
+                batch.src_pad_mask,
+                batch.tgt_pad_mask,
+                batch.tgt_index,
+                batch.real_targets(),
+                self.config.train.label_smoothing,
             )
-        return label_smoothed_cross_entropy(
-            logits, batch.real_targets(), self.config.train.label_smoothing
-        )
 
     def start_batches(self) -> None:
         """Stream the training batches from where the iterator stands now."""
