@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import re
+import sys
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -85,6 +88,30 @@ def configure_device(device: torch.device) -> None:
     elif device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+
+
+def keep_freed_memory() -> None:
+    """Let glibc keep the memory a process frees, for the process's next allocations.
+
+    By default it hands blocks over 32 MB, and the free top of its heap, back to the kernel at
+    once; a training or decoding step frees and allocates the same large buffers every time,
+    so each comes back as fresh pages the kernel must fault in and zero. Measured on a 2-core
+    AMD EPYC (`small`, 16 updates in one process, two runs each way, alternated): bf16
+    4,400-5,300 -> 5,070-6,430 target tokens/s, minor page faults 440k-460k -> 116k-123k;
+    fp32 2,594-2,667 -> 2,873-2,976 tokens/s, 590k-640k -> 16k-20k faults; peak memory
+    1.44-1.47 -> 1.46-1.48 GB (a process reaches its peak in its first steps anyway). Large
+    blocks then come from the heap (M_MMAP_MAX 0), which is trimmed only past 2 GB free
+    (M_TRIM_THRESHOLD). Linux with glibc only; elsewhere nothing changes.
+    """
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_max = -1, -4  # glibc's malloc.h
+    libc.mallopt(m_mmap_max, 0)
+    libc.mallopt(m_trim_threshold, 2**31 - 1)  # an int: trim only past 2 GB free at the top
 
 
 def inference_autocast(device: torch.device, precision: str = "auto") -> AbstractContextManager:

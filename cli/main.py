@@ -419,6 +419,9 @@ def plot(
 
 
 def main() -> None:
+    from cli.device import keep_freed_memory
+
+    keep_freed_memory()
     setup_logging()
     app()
 

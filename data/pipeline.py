@@ -12,7 +12,6 @@ The tokenizer is chosen here and only here, one of three ways:
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from collections.abc import Iterator
@@ -30,11 +29,15 @@ from data.corpus import encode_corpus, filter_pairs, load_corpus, token_ids
 from data.errors import InputError
 from data.files import write_json
 from data.prepared import Filters, Progress, prepare_corpus, silent
-from data.tokenizer import Tokenizer, train_tokenizer
+from data.tokenizer import (
+    TOKENIZER_SETTINGS,
+    Tokenizer,
+    read_tokenizer_settings,
+    train_tokenizer,
+)
 
 log = logging.getLogger(__name__)
 
-TOKENIZER_SETTINGS = "settings.json"  # beside the model(s): what the tokenizer was trained with
 TOKENIZER_PAIRS = 1_000_000  # SentencePiece samples 2M sentences of them (both sides, joint)
 
 
@@ -294,13 +297,6 @@ def tokenizer_settings(d: DataConfig, corpus: datasets.Dataset) -> dict[str, Any
         "corpus_fingerprint": corpus._fingerprint,  # the corpus's content, through `datasets`
         **({"tags": d.tags()} if d.tags() else {}),  # (absent for untagged runs, as before tags)
     }
-
-
-def read_tokenizer_settings(directory: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((directory / TOKENIZER_SETTINGS).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def tokenizer_sample(n: int, seed: int) -> np.ndarray | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -22,6 +23,7 @@ from data.errors import InputError
 SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
 
 JOINT_MODEL = "joint.model"
+TOKENIZER_SETTINGS = "settings.json"  # beside the model(s): what they were trained with
 SRC_MODEL = "src.model"
 TGT_MODEL = "tgt.model"
 MODEL_TYPES = ("bpe", "unigram")
@@ -91,6 +93,15 @@ def train_tokenizer(
         _train_model(src_texts, out_dir / SRC_MODEL, options)
         _train_model(tgt_texts, out_dir / TGT_MODEL, options)
     return Tokenizer.load(out_dir)
+
+
+def read_tokenizer_settings(directory: Path) -> dict | None:
+    """What the tokenizer in `directory` was trained with (`data.pipeline` writes it), or None
+    for one that records nothing (an older run's, an imported one)."""
+    try:
+        return json.loads((directory / TOKENIZER_SETTINGS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _train_model(texts: Iterable[str], model_path: Path, options: dict) -> None:

@@ -328,3 +328,32 @@ def test_over_long_line_is_truncated_with_one_warning(trained, caplog):
     assert len(result.stdout.splitlines()) == 2
     warnings = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith("<stdin>:2:")
+
+
+def test_tf_keeps_the_memory_it_frees_for_its_next_allocations():
+    """`tf` (cli.main.main) sets glibc to reuse freed large blocks: allocating a 100-MB tensor
+    again after freeing it touches no new page, where the default hands it back and faults
+    every page in anew."""
+    import subprocess
+    import sys
+
+    probe = """
+import resource, sys, torch
+if sys.argv[1] == "keep":
+    from cli.device import keep_freed_memory
+    keep_freed_memory()
+faults = []
+for _ in range(3):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.ones(25_000_000)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(faults[-1])
+"""
+    counts = {}
+    for way in ("keep", "default"):
+        done = subprocess.run(
+            [sys.executable, "-c", probe, way], capture_output=True, text=True, check=True
+        )
+        counts[way] = int(done.stdout)
+    assert counts["default"] > 20_000  # 100 MB of 4-kB pages, faulted in again
+    assert counts["keep"] < counts["default"] / 10

@@ -8,7 +8,8 @@ from pathlib import Path
 from cli.config import load_config
 from cli.training.data import progress_bar
 from data.files import check_output
-from data.pipeline import TOKENIZER_SETTINGS, joined, load_training_corpora, train_tokenizer_for
+from data.pipeline import joined, load_training_corpora, train_tokenizer_for
+from data.tokenizer import TOKENIZER_SETTINGS
 
 
 def run_tokenizer_train(config_path: str, overrides: list[str], out: Path) -> str:

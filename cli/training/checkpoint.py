@@ -20,8 +20,7 @@ from cli.config import Config, ConfigError, check_config, from_dict
 from cli.training.run import RunDir
 from data.config import VOCABULARY_SETTINGS, DataConfig
 from data.files import atomic_output
-from data.pipeline import read_tokenizer_settings
-from data.tokenizer import Tokenizer
+from data.tokenizer import Tokenizer, read_tokenizer_settings
 from model.transformer import Transformer
 
 FORMAT = "tf-checkpoint-1"
