@@ -332,8 +332,9 @@ def test_over_long_line_is_truncated_with_one_warning(trained, caplog):
 
 def test_tf_keeps_the_memory_it_frees_for_its_next_allocations():
     """`tf` (cli.main.main) sets glibc to reuse freed large blocks: allocating a 100-MB tensor
-    again after freeing it touches no new page, where the default hands it back and faults
-    every page in anew."""
+    again after freeing it reuses pages, where the default hands it back and faults every
+    page in anew. (glibc places the first few blocks anew while its free ones fragment: over
+    30 allocations most reuse.)"""
     import subprocess
     import sys
 
@@ -343,17 +344,18 @@ if sys.argv[1] == "keep":
     from cli.device import keep_freed_memory
     keep_freed_memory()
 faults = []
-for _ in range(3):
+for _ in range(30):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     torch.ones(25_000_000)
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(faults[-1])
+print(*faults[1:])
 """
     counts = {}
     for way in ("keep", "default"):
         done = subprocess.run(
             [sys.executable, "-c", probe, way], capture_output=True, text=True, check=True
         )
-        counts[way] = int(done.stdout)
-    assert counts["default"] > 20_000  # 100 MB of 4-kB pages, faulted in again
-    assert counts["keep"] < counts["default"] / 10
+        counts[way] = [int(n) for n in done.stdout.split()]
+    assert min(counts["default"]) > 20_000  # 100 MB of 4-kB pages, faulted in every time
+    assert sum(n < 1_000 for n in counts["keep"]) >= len(counts["keep"]) // 2
+    assert sum(counts["keep"]) < sum(counts["default"]) / 2

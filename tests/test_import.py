@@ -106,16 +106,34 @@ def assert_same_logits(directory: Path, run: Path, src: list[str], tgt: list[str
 
 
 def generated(directory: Path, lines: list[str], beam: int) -> list[str]:
-    """What a transformers user gets: the model's own generation config (pad banned, EOS
-    forced at the limit), the same length rule as SAME_RULES."""
-    from transformers import MarianMTModel, MarianTokenizer
+    """What a transformers user gets, with the model's own generation config (pad banned) and
+    tf's length rule: SAME_RULES' limit, where EOS is the only choice and its log-probability
+    counts (transformers' own `forced_eos_token_id` would count it as 0, which ranks two
+    hypotheses cut at the limit differently)."""
+    from transformers import LogitsProcessor, LogitsProcessorList, MarianMTModel, MarianTokenizer
+
+    limit = int(next(r for r in SAME_RULES if "max_len_b" in r).split("=")[1])
+
+    class EndAtTheLimit(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            if input_ids.size(1) - 1 >= limit:  # the start token, then `limit` tokens
+                eos = scores[:, model.config.eos_token_id].clone()
+                scores = torch.full_like(scores, float("-inf"))
+                scores[:, model.config.eos_token_id] = eos
+            return scores
 
     model = MarianMTModel.from_pretrained(directory).eval()
     tokenizer = MarianTokenizer.from_pretrained(directory)
     batch = tokenizer(lines, return_tensors="pt", padding=True)
     with torch.no_grad():
         out = model.generate(
-            **batch, num_beams=beam, max_new_tokens=11, length_penalty=0.0, early_stopping=False
+            **batch,
+            num_beams=beam,
+            max_new_tokens=limit + 1,
+            forced_eos_token_id=None,
+            logits_processor=LogitsProcessorList([EndAtTheLimit()]),
+            length_penalty=0.0,
+            early_stopping=False,
         )
     return tokenizer.batch_decode(out, skip_special_tokens=True)
 

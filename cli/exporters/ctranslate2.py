@@ -7,8 +7,8 @@ query rows and the fused key/value rows, as CTranslate2 expects; Post-LN is `pre
 sinusoidal table is written into the model, in whichever layout the model has
 (`model.positions`). Sources carry what `tf`'s tokenizer gives them (no BOS or EOS; an imported
 Marian model's end in EOS) and the decoder starts from `model.decoder_start`'s token, as in
-`tf`. The pad token is never an output (tf's search bans it): its logit gets a bias so low
-that no softmax ever gives it any probability.
+`tf`. Where that token is pad (Marian's models), pad is never an output (tf's search bans
+it): its logit gets a bias so low that no softmax ever gives it any probability.
 
 The directory also holds the SentencePiece model(s) and `tf_config.yaml` (the run's config),
 so that `tf translate DIR` runs it with the same tokenizer and decode settings.
@@ -99,11 +99,11 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
         _norm(spec.encoder.layer_norm, weights, "encoder.norm.")
         _norm(spec.decoder.layer_norm, weights, "decoder.norm.")
     spec.decoder.projection.weight = weights["generator.weight"]
-    spec.decoder.projection.bias = output_bias(weights, tokenizer)
+    start = tokenizer.decoder_start_id(c.decoder_start)
+    spec.decoder.projection.bias = output_bias(weights, tokenizer, start)
     spec.register_source_vocabulary(tokenizer.src_vocabulary())
     spec.register_target_vocabulary(tokenizer.tgt_vocabulary())
     pieces = tokenizer.tgt_vocabulary()
-    start = tokenizer.decoder_start_id(c.decoder_start)
     spec.config.unk_token = pieces[tokenizer.unk_id]
     spec.config.bos_token = pieces[start if tokenizer.bos_id is None else tokenizer.bos_id]
     spec.config.eos_token = pieces[tokenizer.eos_id]
@@ -112,11 +112,12 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
     return spec
 
 
-def output_bias(weights: dict, tokenizer: Tokenizer):
-    """The generator's bias (`model.output_bias`, else zeros), pad's set out of reach."""
+def output_bias(weights: dict, tokenizer: Tokenizer, start: int):
+    """The generator's bias (`model.output_bias`, else zeros); where the decoder starts from
+    pad (Marian's models), pad's set out of reach, as tf's search bans it."""
     rows = weights["generator.weight"].shape[0]
     bias = weights.get("generator.bias", torch.zeros(rows).numpy()).copy()
-    if tokenizer.pad_id != tokenizer.eos_id:
+    if start == tokenizer.pad_id != tokenizer.eos_id:
         bias[tokenizer.pad_id] = PAD_BIAS
     return bias
 

@@ -15,10 +15,11 @@ Beside them, the export keeps the run's config (`tf_config.yaml`) and its Senten
 model(s): `tf import` of the directory gives back the same run, weights bit for bit.
 
 `generation_config.json` makes a bare `generate(**inputs)` tf's greedy search: one beam, EOS
-blocked for `decode.min_len` tokens, pad never chosen (as tf's search), and tf's length limit,
-which is one number for all sentences in `transformers` (`max_length`) but `a * len(src) + b`
-per sentence in tf: exact when `decode.max_len_a` is 0, else the model's own limit, which only
-a sentence that tf cuts at its limit (no EOS in sight) ever reaches.
+blocked for `decode.min_len` tokens, pad never chosen where the decoder starts from it (as
+tf's search), and tf's length limit, which is one number for all sentences in `transformers`
+(`max_length`) but `a * len(src) + b` per sentence in tf: exact when `decode.max_len_a` is 0,
+else the model's own limit, which only a sentence that tf cuts at its limit (no EOS in sight)
+ever reaches.
 """
 
 from __future__ import annotations
@@ -117,8 +118,9 @@ def generation_config(special: dict[str, int], decode: DecodeConfig, c: ModelCon
     most = c.max_positions - 1  # tokens before the EOS, as `search_batch` clamps them
     tokens = max(1, min(int(decode.max_len_b), most)) if decode.max_len_a == 0 else most
     extra = {"min_new_tokens": decode.min_len} if decode.min_len else {}
-    if special["pad_token_id"] != special["eos_token_id"]:  # tf's search never chooses pad
-        extra["bad_words_ids"] = [[special["pad_token_id"]]]
+    pad = special["pad_token_id"]
+    if special["decoder_start_token_id"] == pad != special["eos_token_id"]:  # as tf bans it
+        extra["bad_words_ids"] = [[pad]]
     return GenerationConfig(
         **special,
         **extra,

@@ -90,9 +90,10 @@ def search_batch(
     """Translate one padded batch of source ids: `decode.nbest` hypotheses per sentence, best
     first, with `decode`'s search settings; a sentence's guide forces a prefix (any search)
     or constraints (beam search, `model.constraints`; greedy is its beam of 1). `pad_id`, when
-    given, is never chosen: no target holds it, and a model whose decoder starts from it
-    (Marian's) may still rate it high (OPUS-MT's `bad_words_ids` ban it too; CTranslate2
-    exports hold it out of their softmax, as here)."""
+    given, is never chosen: a model whose decoder starts from it (Marian's, `decoder_start:
+    pad`) sees it as an input and may rate it high as an output, which no target ever was.
+    It is banned after the softmax, as transformers bans OPUS-MT's `bad_words_ids`, so that
+    an imported model searches exactly as `generate` does."""
     memory = model.encode(batch.src, batch.src_pad_mask)  # (B, S, D), a list for an ensemble
     cache, decode_step = start(model, memory, batch.src_pad_mask)
     src_lens = (~batch.src_pad_mask).sum(dim=1)  # (B,)
@@ -100,10 +101,10 @@ def search_batch(
     max_lens = (decode.max_len_a * src_lens + decode.max_len_b).long().clamp(1, limit)
 
     def step(tokens: Tensor, state: DecoderCache) -> tuple[Tensor, DecoderCache]:
-        logits = decode_step(tokens, state).float()
+        log_probs = F.log_softmax(decode_step(tokens, state).float(), dim=-1)
         if pad_id is not None and pad_id != eos_id:
-            logits[:, pad_id] = float("-inf")  # the other tokens' distribution, normalised
-        return F.log_softmax(logits, dim=-1), state
+            log_probs[:, pad_id] = float("-inf")
+        return log_probs, state
 
     def reorder(state: DecoderCache, index: Tensor, group: int) -> DecoderCache:
         return state.reorder(index, group)
@@ -210,7 +211,7 @@ def translate_ids(
                     tokenizer.eos_id,
                     start,
                     [guides[i] for i in rows] if guides else None,
-                    pad_id=tokenizer.pad_id,
+                    pad_id=tokenizer.pad_id if model.config.decoder_start == "pad" else None,
                 )
             for i, h in zip(rows, hyps):
                 results[i] = h
