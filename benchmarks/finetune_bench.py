@@ -36,16 +36,28 @@ from cli.device import autocast_dtype
 VOCABULARY = 65_001  # opus-mt-es-en's
 
 
-def standin_run(out: Path, small: bool = False) -> tuple[Path, Path]:
-    """The stand-in (made once) and its `tf import`, under `out`; `small`: a tiny one."""
-    name = "opus-mt-standin" + ("-tiny" if small else "")
+# The stand-ins: opus-mt-es-en's size (the measurement), half of it (the quick bench), a tiny
+# one (does the section run?): (shape, SentencePiece pieces per side, vocabulary filled to).
+STANDINS = {
+    "opus": (OPUS_MT_ES_EN, 8000, VOCABULARY),
+    "half": (
+        dict(OPUS_MT_ES_EN, d_model=256, encoder_layers=3, decoder_layers=3, encoder_ffn_dim=1024,
+             decoder_ffn_dim=1024, encoder_attention_heads=4, decoder_attention_heads=4),
+        4000,
+        0,
+    ),
+    "tiny": (TINY, 500, 0),
+}  # fmt: skip
+
+
+def standin_run(out: Path, size: str = "opus") -> tuple[Path, Path]:
+    """The stand-in of `size` (made once) and its `tf import`, under `out`."""
+    name = "opus-mt-standin" + ("" if size == "opus" else f"-{size}")
     directory, run = out / name, out / f"{name}-run"
     if not (directory / "model.safetensors").is_file():
-        src, tgt = bundled_lines(2000 if small else 28_045)
-        if small:
-            make_standin(directory, src, tgt, TINY, vocab_size=500)
-        else:
-            make_standin(directory, src, tgt, OPUS_MT_ES_EN, vocabulary=VOCABULARY)
+        shape, pieces, vocabulary = STANDINS[size]
+        src, tgt = bundled_lines(2000 if size == "tiny" else 28_045)
+        make_standin(directory, src, tgt, shape, vocab_size=pieces, vocabulary=vocabulary)
     if not (run / "checkpoints" / "last.pt").is_file():
         run_python("-m", "cli.main", "import", str(directory), "-o", str(run), "--force")
     return directory, run
@@ -134,15 +146,16 @@ def run(
     precisions: tuple[str, ...] = ("auto",),
     out: Path = OUT,
     log_every: int = 5,
-    small: bool = False,
+    size: str = "opus",
 ) -> dict:
-    """Both loops at each precision, in fresh processes, on the bundled corpus (`small`: a tiny
-    stand-in on 2,000 pairs, to show the benchmark runs; its numbers mean nothing)."""
-    directory, imported = standin_run(out, small)
-    train = corpus_head("train", 2000 if small else None, out)
+    """Both loops at each precision, in fresh processes, on the bundled corpus, with the
+    stand-in of `size` (STANDINS: "tiny" on 2,000 pairs shows the benchmark runs; its numbers
+    mean nothing)."""
+    directory, imported = standin_run(out, size)
+    train = corpus_head("train", 2000 if size == "tiny" else None, out)
     dev = corpus_head("dev", 40, out)
     vocabulary = len(json.loads((directory / "vocab.json").read_text()))
-    results: dict = {"cpu": cpu_name(), "updates": updates, "vocabulary": vocabulary}
+    results: dict = {"cpu": cpu_name(), "updates": updates, "vocabulary": vocabulary, "size": size}
     for precision in precisions:
         resolved = autocast_dtype(precision, torch.device("cpu"))
         name = "bf16" if resolved == torch.bfloat16 else "fp32"
@@ -159,7 +172,10 @@ def run(
 
 
 def print_results(r: dict) -> None:
-    print(f"CPU: {r['cpu']}; vocabulary {r['vocabulary']:,}; {r['updates']} updates each")
+    print(
+        f"CPU: {r['cpu']}; the {r['size']} stand-in, vocabulary {r['vocabulary']:,}; "
+        f"{r['updates']} updates each"
+    )
     rows = [("precision", "loop", "target tokens/s", "peak RSS (GB)", "tf / transformers")]
     for name in ("fp32", "bf16"):
         if name not in r:

@@ -38,8 +38,9 @@ from benchmarks import (
     serve_bench,
     train_bench,
 )
-from benchmarks.common import OUT, corpus_head
+from benchmarks.common import OUT, corpus_head, cpu_name
 from cli.config import load_config
+from cli.device import autocast_dtype
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,8 @@ class Size:
     serve_sentences: int  # serve: test.es sentences sent to `tf serve` ...
     serve_clients: tuple[int, ...]  # ... by this many concurrent clients, in turn
     corpus_pairs: tuple[int, ...]  # corpus: numbered copies of the pairs, `tf train` started
-    finetune_updates: int  # finetune: updates of each loop on the OPUS-MT-sized stand-in ...
-    finetune_small: bool  # ... or on a tiny stand-in (does the section run?)
+    finetune_updates: int  # finetune: updates of each loop ...
+    finetune_standin: str  # ... on this stand-in (finetune_bench.STANDINS: opus, half, tiny)
     estimate_s: dict[str, float]  # seconds per section on a 2-core CPU (rounded, by hand)
 
 
@@ -98,7 +99,7 @@ FULL = Size(
     serve_clients=(1, 8, 32),
     corpus_pairs=(28_045, 1_000_000, 10_000_000),
     finetune_updates=30,
-    finetune_small=False,
+    finetune_standin="opus",
     # The first four: 11 minutes in all, as a user timed them (data and attention timed
     # here); decode, engines and scaling reckoned from 100-sentence runs of `small` on 2 cores
     # and its 3 minutes of training. bench.json keeps each section's seconds: correct from it.
@@ -115,29 +116,36 @@ FULL = Size(
         "finetune": 600,
     },
 )
-QUICK = replace(
+QUICK = replace(  # about 8 minutes on the 2-core AMD EPYC; `sized_for` keeps it so elsewhere
     FULL,
     name="quick",
-    batches=3,
-    repeats=2,
-    loop_updates=60,
-    sentences=300,
-    uncached_sentences=60,
-    per_bucket=20,
-    serve_sentences=100,
-    corpus_pairs=(28_045, 1_000_000),
-    finetune_updates=12,
+    batches=2,
+    repeats=1,
+    loop_updates=30,
+    loop_log_every=10,
+    attention_repeats=5,
+    decode_training=("train.max_time=90", "train.eval_every=0", "train.save_every=0"),
+    sentences=100,
+    uncached_sentences=20,
+    engine_repeats=1,
+    scaling_configs=("tiny", "small"),
+    scaling_batches=2,
+    per_bucket=10,
+    serve_sentences=60,
+    corpus_pairs=(28_045,),
+    finetune_updates=8,
+    finetune_standin="half",
     estimate_s={
         "data": 10,
-        "train": 90,
-        "loop": 230,
-        "attention": 45,
-        "decode": 260,
-        "engines": 220,
-        "scaling": 100,
-        "serve": 60,
-        "corpus": 400,
-        "finetune": 300,
+        "train": 35,
+        "loop": 90,
+        "attention": 15,
+        "decode": 140,  # training `small` for 90 s included
+        "engines": 45,
+        "scaling": 30,
+        "serve": 30,
+        "corpus": 35,
+        "finetune": 80,
     },
 )
 SMOKE = Size(
@@ -172,7 +180,7 @@ SMOKE = Size(
     serve_clients=(1, 4),
     corpus_pairs=(3000,),
     finetune_updates=6,
-    finetune_small=True,
+    finetune_standin="tiny",
     estimate_s={
         "data": 1,
         "train": 2,
@@ -186,6 +194,45 @@ SMOKE = Size(
         "finetune": 40,  # a tiny stand-in made and imported, two loops in processes
     },
 )
+
+
+# The quick size was set on a 2-core AMD EPYC whose fp32 matmuls run at about this rate (a
+# 1024 x 1024 product, `matmul_gflops`); a slower CPU does proportionally less work in each
+# section that counts updates or sentences, so that the quick run still takes minutes.
+REFERENCE_GFLOPS = 90.0
+
+
+def matmul_gflops(seconds: float = 0.5) -> float:
+    """This machine's fp32 matmul rate, in its threads, measured for about `seconds`."""
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    a @ b  # warm-up
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        n += 1
+    return 2 * 1024**3 * n / (time.perf_counter() - start) / 1e9
+
+
+def sized_for(size: Size, gflops: float) -> Size:
+    """`size` with its update and sentence counts cut in proportion to this CPU's speed, when
+    it is slower than the reference (never below a handful); the full size stays as it is."""
+    factor = min(1.0, gflops / REFERENCE_GFLOPS)
+    if size.name != "quick" or factor == 1.0:
+        return size
+
+    def cut(n: int, least: int) -> int:
+        return max(least, round(n * factor))
+
+    return replace(
+        size,
+        loop_updates=cut(size.loop_updates, 2 * size.loop_log_every),
+        sentences=cut(size.sentences, 20),
+        uncached_sentences=cut(size.uncached_sentences, 5),
+        per_bucket=cut(size.per_bucket, 3),
+        serve_sentences=cut(size.serve_sentences, 20),
+        finetune_updates=cut(size.finetune_updates, 4),
+        estimate_s={name: s / max(factor, 0.5) for name, s in size.estimate_s.items()},
+    )
 
 
 def budget(size: Size) -> tuple[int, int]:
@@ -306,8 +353,8 @@ def corpus_section(size: Size, out: Path) -> dict:
 def finetune_section(size: Size, out: Path) -> dict:
     print("\n== fine-tuning an OPUS-MT-sized model: tf's loop vs a transformers user's loop")
     r = finetune_bench.run(
-        size.finetune_updates, out=out, log_every=3 if size.finetune_small else 5,
-        small=size.finetune_small,
+        size.finetune_updates, out=out, log_every=2 if size.finetune_updates < 10 else 5,
+        size=size.finetune_standin,
     )  # fmt: skip
     finetune_bench.print_results(r)
     return r
@@ -340,6 +387,12 @@ def print_estimate(size: Size) -> None:
     print(f"  (an estimate; decode includes training {training} when there is none)", flush=True)
 
 
+def precision() -> str:
+    """What `precision: auto` computes in on this CPU: bf16 where it is native."""
+    native = autocast_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    return "bf16 (native)" if native else "fp32 (no native bf16)"
+
+
 def machine() -> dict:
     return {
         "python": platform.python_version(),
@@ -362,11 +415,17 @@ def main(argv: list[str] | None = None) -> dict:
     """Run every section at the size asked for, print each table and the time it took; write
     and return the results."""
     args = parse_args(argv)
-    size = SMOKE if args.smoke else QUICK if args.quick else FULL
+    gflops = matmul_gflops()
+    size = sized_for(SMOKE if args.smoke else QUICK if args.quick else FULL, gflops)
     datasets.disable_progress_bars()
     torch.manual_seed(0)
+    print(f"CPU: {cpu_name()}, fp32 matmul {gflops:.0f} GFLOPS; precision: auto is {precision()}")
     print_estimate(size)
-    results: dict = {"machine": machine(), "size": size.name, "section_seconds": {}}
+    results: dict = {
+        "machine": {**machine(), "cpu": cpu_name(), "fp32_gflops": gflops},
+        "size": size.name,
+        "section_seconds": {},
+    }
     started = time.perf_counter()
     for name, section in SECTIONS:
         section_started = time.perf_counter()

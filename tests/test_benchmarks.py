@@ -164,7 +164,9 @@ def test_run_smoke_end_to_end(out, trained, capsys, monkeypatch):
     assert bench["size"] == "smoke"
     assert all(bench[name] for name in sections)
     assert list(bench["section_seconds"]) == sections
-    assert printed.startswith("benchmarks at smoke size: about ")
+    cpu, estimate = printed.splitlines()[:2]
+    assert cpu.startswith("CPU: ") and "GFLOPS; precision: auto is " in cpu
+    assert estimate.startswith("benchmarks at smoke size: about ")
     assert all(f"section {name}: " in printed for name in sections)
     assert printed.index("section scaling: ") < printed.index("== `tf serve` on loopback")
     check_corpus(bench["corpus"])
@@ -230,3 +232,17 @@ def test_control(out, trained, capsys):
     assert_numbers(r["without"], ["sentences_per_s"])
     e = control_bench.ensembles({"one": [str(trained)], "two": [str(trained)] * 2}, limit=4)
     assert e["one"]["bleu"] == e["two"]["bleu"] and e["one"]["chrf"] == e["two"]["chrf"]
+
+
+def test_the_quick_size_shrinks_on_a_slower_cpu_and_only_there():
+    """`make bench QUICK=1` measures the CPU first: on one half as fast as the reference it
+    does half the updates and sentences (about the same minutes); the full size never
+    shrinks, and a faster CPU keeps the quick size."""
+    slow = run.sized_for(run.QUICK, run.REFERENCE_GFLOPS / 2)
+    # the loop keeps two log windows (the first is warm-up)
+    assert 2 * slow.loop_log_every <= slow.loop_updates < run.QUICK.loop_updates
+    assert slow.sentences == run.QUICK.sentences // 2
+    assert slow.finetune_updates == run.QUICK.finetune_updates // 2
+    assert run.sized_for(run.QUICK, 10 * run.REFERENCE_GFLOPS) == run.QUICK
+    assert run.sized_for(run.FULL, 1.0) == run.FULL
+    assert run.matmul_gflops(0.05) > 0

@@ -8,7 +8,8 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 @pytest.mark.parametrize(
-    "name", ["tiny", "demo", "small", "base", "big", "student", "backtranslate"]
+    "name",
+    ["tiny", "demo", "demo-fp32", "small", "base", "big", "student", "backtranslate", "finetune"],
 )
 def test_shipped_configs_load(name):
     config = load_config(CONFIGS / f"{name}.yaml")
