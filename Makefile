@@ -113,8 +113,9 @@ backtranslate: install $(MONO)
 	$(TF) eval $(BT)/forward --src $(SRC) --ref $(REF)
 
 # Every benchmark, its tables and bench-out/bench.json; it prints its estimated time first (about
-# half an hour on a 2-core CPU) and each section's time as it ends. QUICK=1: fewer batches and
-# sentences (`--quick`); `python -m benchmarks.run --smoke` checks that every section runs.
+# half an hour on a 2-core CPU) and each section's time as it ends. QUICK=1: every table at a
+# smaller size, about 5 minutes (`--quick`); `python -m benchmarks.run --smoke` checks that every
+# section runs.
 bench: install
 	$(BIN)/python -m benchmarks.run $(if $(QUICK),--quick,)
 
