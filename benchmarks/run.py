@@ -8,8 +8,8 @@ isolated step and for the `tf train` loop as launched; one attention's forward a
 per kernel; decoding throughput of greedy and beam 5 against uncached decoding and against
 CTranslate2 on the same model; how cost grows with the model and the sentence; fine-tuning an
 OPUS-MT-sized model against the loop a `transformers` user writes. Results:
-OUT/bench.json. `--quick` measures `demo` on fewer batches and sentences; `--smoke` runs every section
-on `tiny` with a handful of batches and sentences, to show the suite still runs
+OUT/bench.json. `--quick` measures `demo` on fewer batches and sentences; `--smoke` runs every
+section on `tiny` with a handful of batches and sentences, to show the suite still runs
 (tests/test_benchmarks.py): its numbers mean nothing.
 """
 
