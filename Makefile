@@ -29,12 +29,13 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test,plot,export,serve,tensorboard]"
 	touch $@
 
-# One pytest worker per core (TEST_WORKERS=0: one process), each test sent to the first idle
-# worker: most tests wait on a subprocess's start-up or on one thread, so two cores run the
-# suite in about half the time. conftest.py gives each worker its share of the threads.
+# One pytest worker per core (TEST_WORKERS=0: one process), tests handed out as workers free
+# up, a module marked xdist_group kept on one worker: most tests wait on a subprocess's start-up
+# or on one thread, so two cores run the suite in about half the time. conftest.py gives each
+# worker its share of the threads.
 TEST_WORKERS ?= auto
 test: install
-	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadgroup
 
 lint: install
 	$(BIN)/ruff check cli model data tests benchmarks
@@ -44,11 +45,13 @@ lint: install
 # about 4 minutes, translate a few sentences, score the whole bundled test set. The recipe fits
 # the CPU (`python -m cli.device --demo-config` says which and why): configs/demo.yaml where bf16
 # runs natively, configs/demo-fp32.yaml (a narrower model, more updates in the time) elsewhere.
-# DEMO_SET: more `--set`s; DEMO_RUN: where the run goes.
+# DEMO_CONFIG: a recipe of your choice; DEMO_SET: more `--set`s (quote a value with spaces inside
+# it: DEMO_SET="--set 'k=a b'"); DEMO_RUN: where the run goes.
 DEMO_RUN ?= runs/demo
 DEMO_SET ?=
+DEMO_CONFIG ?=
 demo: install
-	config=$$($(BIN)/python -m cli.device --demo-config) && \
+	config=$(or $(DEMO_CONFIG),$$($(BIN)/python -m cli.device --demo-config)) && \
 		$(TF) train $$config --out $(DEMO_RUN) --force $(DEMO_SET)
 	head -n 5 $(SRC) | $(TF) translate $(DEMO_RUN) --beam 4
 	$(TF) eval $(DEMO_RUN) --src $(SRC) --ref $(REF)

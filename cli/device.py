@@ -129,8 +129,10 @@ def demo_config(device: torch.device | None = None) -> tuple[str, str]:
     """`make demo`'s recipe for this machine, and why: its 4 minutes buy the most translation
     with `configs/demo.yaml` where bf16 runs natively, and with the narrower
     `configs/demo-fp32.yaml` where every matmul runs in fp32 (a third of the rate)."""
-    device = device or torch.device("cpu")
-    cores = os.cpu_count() or 1
+    device = device or pick_device("auto")  # where `tf train` will run it
+    if device.type == "cuda":
+        return "configs/demo.yaml", "a CUDA GPU: configs/demo.yaml"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if autocast_dtype("auto", device) is not None:
         return "configs/demo.yaml", f"native bf16 on {cores} cores: configs/demo.yaml"
     return (

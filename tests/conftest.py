@@ -23,11 +23,11 @@ def pytest_configure(config: pytest.Config) -> None:
     _CACHE_DIR = tempfile.mkdtemp(prefix="tf-tests-hf-")
     os.environ["HF_DATASETS_CACHE"] = _CACHE_DIR
     os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
-    # Under pytest-xdist each worker gets its share of the cores, it and the `tf` processes it
-    # starts (which read OMP_NUM_THREADS): N workers of N threads each would thrash.
+    # Under pytest-xdist each worker gets its share of the cores for torch, in it and in the `tf`
+    # processes it starts (which read OMP_NUM_THREADS): N workers of N threads each would thrash.
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
-        threads = max(1, (os.cpu_count() or 1) // workers)
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)  # the cores xdist counted
         os.environ["OMP_NUM_THREADS"] = str(threads)
         import torch
 
