@@ -92,13 +92,17 @@ SMALL_TRAINING = ("train.max_time=180", "train.eval_every=0", "train.save_every=
 def default_run(
     out: Path = OUT, config_name: str = "small", sets: tuple[str, ...] = SMALL_TRAINING
 ) -> Path:
-    """A trained run of `config_name`: runs/NAME if there is one, else OUT/NAME, trained once
-    with the overrides `sets` through `tf train`'s own function."""
-    for candidate in (Path("runs") / config_name, out / config_name):
-        if (candidate / "checkpoints" / "last.pt").exists():
-            return candidate
+    """A trained run of `config_name`: runs/NAME if there is one of that config's model (`make
+    demo` on a CPU without bf16 trains demo-fp32's narrower model into runs/demo), else OUT/NAME,
+    trained once with the overrides `sets` through `tf train`'s own function."""
     from cli.commands.train import run_train
     from cli.config import load_config
+
+    model = load_config(config_name, list(sets)).model  # the model it would train
+    for candidate in (Path("runs") / config_name, out / config_name):
+        if (candidate / "checkpoints" / "last.pt").exists():
+            if load_config(candidate / "config.yaml").model == model:
+                return candidate
 
     print(f"training `{config_name}` ({', '.join(sets)}) into {out / config_name} (once)")
     run_train(load_config(config_name, list(sets)), out / config_name, resume=False, force=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import run, train_bench
+from benchmarks import decode_bench, run, train_bench
 from benchmarks.common import corpus_batches
 from benchmarks.run import SMOKE
 from cli.config import load_config
@@ -253,3 +253,22 @@ def test_the_quick_size_shrinks_on_a_slower_cpu_and_only_there():
     assert run.sized_for(run.FULL, 1.0, native_bf16=False).loop_precisions == ("fp32",)
     assert "bf16" in run.sized_for(run.FULL, 1.0, native_bf16=True).loop_precisions
     assert run.matmul_gflops(0.05) > 0
+
+
+def test_a_users_run_is_decoded_only_if_it_holds_the_configs_model(tmp_path, monkeypatch):
+    """runs/NAME stands in for the config's trained model only when it is that model: `make
+    demo` on a CPU without bf16 leaves demo-fp32's narrower model in runs/demo."""
+    from cli.commands import train
+    from cli.config import load_config, save_config
+
+    monkeypatch.chdir(tmp_path)
+    trained_anew = []
+    monkeypatch.setattr(train, "run_train", lambda config, out, **kw: trained_anew.append(out))
+    for sets, expected in ((["model.d_model=48"], None), ([], Path("runs") / "tiny")):
+        run = Path("runs") / "tiny"
+        (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (run / "checkpoints" / "last.pt").touch()
+        save_config(load_config("tiny", sets), run / "config.yaml")
+        got = decode_bench.default_run(tmp_path / "out", "tiny", ())
+        assert got == (expected or tmp_path / "out" / "tiny")
+    assert trained_anew == [tmp_path / "out" / "tiny"]  # trained once: for the other model
