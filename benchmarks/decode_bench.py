@@ -98,14 +98,14 @@ def default_run(
     from cli.commands.train import run_train
     from cli.config import load_config
 
-    model = load_config(config_name, list(sets)).model  # the model it would train
+    config = load_config(config_name, list(sets))
     for candidate in (Path("runs") / config_name, out / config_name):
         if (candidate / "checkpoints" / "last.pt").exists():
-            if load_config(candidate / "config.yaml").model == model:
+            if load_config(candidate / "config.yaml").model == config.model:
                 return candidate
 
     print(f"training `{config_name}` ({', '.join(sets)}) into {out / config_name} (once)")
-    run_train(load_config(config_name, list(sets)), out / config_name, resume=False, force=True)
+    run_train(config, out / config_name, resume=False, force=True)
     return out / config_name
 
 

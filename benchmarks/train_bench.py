@@ -29,6 +29,7 @@ from benchmarks.common import OUT, corpus_batches, print_table, run_python
 from cli.config import load_config
 from cli.device import configure_device
 from cli.training.optim import build_optimizer
+from cli.training.trainer import batch_loss
 from model.transformer import ModelConfig, Transformer, sinusoidal_positions
 
 
@@ -90,15 +91,7 @@ class Reference(nn.Module):
 
 def ours_loss(model: Transformer, batch, eps: float) -> torch.Tensor:
     """As the trainer computes it: the output layer and the loss at the real positions only."""
-    loss, _ = model(
-        batch.src,
-        batch.tgt_in,
-        batch.src_pad_mask,
-        batch.tgt_pad_mask,
-        batch.tgt_index,
-        batch.real_targets(),
-        eps,
-    )
+    loss, _ = batch_loss(model, batch, eps)
     return loss / batch.n_tgt_tokens
 
 

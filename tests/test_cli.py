@@ -359,3 +359,16 @@ print(*faults[1:])
     assert min(counts["default"]) > 20_000  # 100 MB of 4-kB pages, faulted in every time
     assert sum(n < 1_000 for n in counts["keep"]) >= len(counts["keep"]) // 2
     assert sum(counts["keep"]) < sum(counts["default"]) / 2
+
+
+def test_tf_sets_memory_reuse_before_any_command(monkeypatch):
+    """`tf`'s entry point calls keep_freed_memory before the command runs (the test above
+    shows what the call does)."""
+    import cli.device
+    import cli.main
+
+    calls = []
+    monkeypatch.setattr(cli.device, "keep_freed_memory", lambda: calls.append("keep"))
+    monkeypatch.setattr(cli.main, "app", lambda: calls.append("command"))
+    cli.main.main()
+    assert calls == ["keep", "command"]

@@ -81,6 +81,21 @@ def validation_decode(decode: DecodeConfig) -> DecodeConfig:
     )
 
 
+def batch_loss(net: torch.nn.Module, batch: Batch, label_smoothing: float) -> tuple[Tensor, Tensor]:
+    """Summed smoothed loss and NLL of a batch: the output layer and the loss at the real
+    target positions only, as one step inside `Transformer.forward` (DDP needs every parameter
+    used under forward). What training computes, and what benchmarks/train_bench.py times."""
+    return net(
+        batch.src,
+        batch.tgt_in,
+        batch.src_pad_mask,
+        batch.tgt_pad_mask,
+        batch.tgt_index,
+        batch.real_targets(),
+        label_smoothing,
+    )
+
+
 class Trainer:
     """Holds the model, optimiser, data and run directory of one training session."""
 
@@ -273,20 +288,11 @@ class Trainer:
 
     def loss_of(self, batch: Batch, net: torch.nn.Module | None = None) -> tuple[Tensor, Tensor]:
         """Summed smoothed loss and NLL of a batch, computed by `net` (default: the training
-        wrapper, DDP's when distributed); the output layer and the loss at the real target
-        positions only, as one step (`Transformer.forward` with targets)."""
+        wrapper, DDP's when distributed) in the run's precision."""
         net = net or self.net
         ctx = torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else nullcontext()
         with ctx:
-            return net(
-                batch.src,
-                batch.tgt_in,
-                batch.src_pad_mask,
-                batch.tgt_pad_mask,
-                batch.tgt_index,
-                batch.real_targets(),
-                self.config.train.label_smoothing,
-            )
+            return batch_loss(net, batch, self.config.train.label_smoothing)
 
     def start_batches(self) -> None:
         """Stream the training batches from where the iterator stands now."""
