@@ -122,10 +122,14 @@ def launch(command: list[str], env: dict) -> dict:
     peaks: dict[int, tuple[int, int, int]] = {}  # per process: peak RSS, PSS, anonymous PSS
     tree_pss = 0
     while proc.poll() is None:
+        # One reading per process per sample, shared by the workers' peaks and the tree's sum:
+        # read apart, a worker's PSS can rise between the two (its forked encoders exit and
+        # their share of its pages comes back to it) and the tree's peak fall below a worker's.
+        now = {pid: memory_kb(pid) for pid in tree(proc.pid)}
         for pid in workers(proc.pid):
-            now, old = memory_kb(pid), peaks.get(pid, (0, 0, 0))
-            peaks[pid] = tuple(max(a, b) for a, b in zip(old, now))
-        tree_pss = max(tree_pss, sum(memory_kb(pid)[1] for pid in tree(proc.pid)))
+            old = peaks.get(pid, (0, 0, 0))
+            peaks[pid] = tuple(max(a, b) for a, b in zip(old, now.get(pid, (0, 0, 0))))
+        tree_pss = max(tree_pss, sum(pss for _, pss, _ in now.values()))
         # Reading smaps walks the page tables: every 0.1 s took 40% of a core from the run.
         time.sleep(0.5)
     reader.join()

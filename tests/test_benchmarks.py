@@ -190,7 +190,7 @@ def check_corpus(results: dict) -> None:
     assert "cleaning" not in cached["stages"]  # the cached start does not clean again
     assert len(ranks["ranks"]) >= 2 and all(r["peak_pss_gb"] > 0 for r in ranks["ranks"])
     assert start["disk_gb"] > 0 and first["seconds_to_first_update"] > 0
-    assert first["tree_peak_pss_gb"] >= 0.9 * first["ranks"][0]["peak_pss_gb"] > 0
+    assert first["tree_peak_pss_gb"] >= first["ranks"][0]["peak_pss_gb"] > 0
 
 
 def test_backtranslation_halves_split_the_bundled_pairs_by_verse(tmp_path):
