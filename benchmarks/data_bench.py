@@ -2,7 +2,9 @@
 
 Measures: loading, training a joint BPE tokenizer of 8,000 pieces, encoding (cold and from
 the `datasets` cache), planning and collating one epoch of batches, and padding efficiency
-(real tokens / padded tokens, both sides, BOS/EOS counted) at max_tokens 4096.
+(real tokens / padded tokens, both sides, BOS/EOS counted) at max_tokens 4096; and the
+distinct batch shapes (B, S, T) over three epochs with `data.pad_multiple` 1 (each side to
+its longest sentence) and at its default, with the padding share of each.
 
     python -m benchmarks.data_bench
 """
@@ -17,6 +19,7 @@ import datasets
 import numpy as np
 
 from data.batching import BatchIterator
+from data.config import DataConfig
 from data.corpus import encode_corpus, load_corpus, token_ids
 from data.tokenizer import train_tokenizer
 
@@ -64,18 +67,23 @@ def _measure(
     encoded = encode_corpus(ds, tokenizer)  # same corpus, same model: read from the cache
     encode_cached_s = time.perf_counter() - started
 
+    def batches(pad_multiple: int) -> BatchIterator:
+        return BatchIterator(
+            token_ids(encoded, "src_ids"),
+            token_ids(encoded, "tgt_ids"),
+            max_tokens=max_tokens,
+            pad_id=tokenizer.pad_id,
+            bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id,
+            seed=0,
+            pad_multiple=pad_multiple,
+        )
+
     started = time.perf_counter()
-    iterator = BatchIterator(
-        token_ids(encoded, "src_ids"),
-        token_ids(encoded, "tgt_ids"),
-        max_tokens=max_tokens,
-        pad_id=tokenizer.pad_id,
-        bos_id=tokenizer.bos_id,
-        eos_id=tokenizer.eos_id,
-        seed=0,
-    )
+    iterator = batches(DataConfig.pad_multiple)
     n_batches = len(iterator)  # plans the epoch
     plan_s = time.perf_counter() - started
+    shapes = {m: epoch_shapes(batches(m), 3) for m in sorted({1, DataConfig.pad_multiple})}
 
     started = time.perf_counter()
     real = padded = sentences = 0
@@ -100,7 +108,22 @@ def _measure(
         "sentences_per_batch": sentences / n_batches,
         "max_tokens": max_tokens,
         "padding_efficiency": real / padded,
+        "pad_multiple": DataConfig.pad_multiple,
+        "shapes_3_epochs": {str(m): r for m, r in shapes.items()},
     }
+
+
+def epoch_shapes(iterator: BatchIterator, epochs: int) -> dict:
+    """Distinct batch shapes (sentences, source width, target width) over `epochs` epochs,
+    and the share of padding in them (both sides, BOS/EOS counted as real)."""
+    shapes, real, padded, n = set(), 0, 0, 0
+    for _ in range(epochs):
+        for batch in iterator:
+            shapes.add((*batch.src.shape, batch.tgt_in.shape[1]))
+            real += batch.n_src_tokens + batch.n_tgt_tokens
+            padded += batch.src.numel() + batch.tgt_in.numel()
+            n += 1
+    return {"batches": n, "distinct_shapes": len(shapes), "padding_share": 1 - real / padded}
 
 
 def print_results(results: dict) -> None:
@@ -118,8 +141,19 @@ def print_results(results: dict) -> None:
         ("collate one epoch", f"{results['epoch_collate_s']:.3f} s"),
         (f"batches at max_tokens {results['max_tokens']}", f"{results['batches']}"),
         ("sentences per batch", f"{results['sentences_per_batch']:.1f}"),
-        ("padding efficiency", f"{results['padding_efficiency']:.3f}"),
+        (
+            f"padding efficiency (pad_multiple {results['pad_multiple']})",
+            f"{results['padding_efficiency']:.3f}",
+        ),
     ]
+    for m, r in results["shapes_3_epochs"].items():
+        rows.append(
+            (
+                f"pad_multiple {m}: shapes in 3 epochs",
+                f"{r['distinct_shapes']} of {r['batches']} batches, "
+                f"{100 * r['padding_share']:.1f}% padding",
+            )
+        )
     width = max(len(name) for name, _ in rows)
     print(f"{'data pipeline':<{width}}  value")
     for name, value in rows:

@@ -34,6 +34,7 @@ from benchmarks import (
     engines_bench,
     finetune_bench,
     loop_bench,
+    memory_bench,
     scaling_bench,
     serve_bench,
     train_bench,
@@ -69,6 +70,9 @@ class Size:
     per_bucket: int  # ... and sentences decoded per source-length bucket
     serve_sentences: int  # serve: test.es sentences sent to `tf serve` ...
     serve_clients: tuple[int, ...]  # ... by this many concurrent clients, in turn
+    memory_config: str  # memory: `tf train` of this config, RSS sampled, for ...
+    memory_updates: int  # ... updates at each pad_multiple ...
+    memory_lines: int  # ... then `tf translate` of this many lines (the test set repeated)
     corpus_pairs: tuple[int, ...]  # corpus: numbered copies of the pairs, `tf train` started
     finetune_updates: int  # finetune: updates of each loop ...
     finetune_standin: str  # ... on this stand-in (finetune_bench.STANDINS: opus, half, tiny)
@@ -97,6 +101,9 @@ FULL = Size(
     per_bucket=40,
     serve_sentences=300,
     serve_clients=(1, 8, 32),
+    memory_config="demo",
+    memory_updates=1000,
+    memory_lines=10_000,
     corpus_pairs=(28_045, 1_000_000, 10_000_000),
     finetune_updates=30,
     finetune_standin="opus",
@@ -112,6 +119,7 @@ FULL = Size(
         "engines": 720,  # five engines, two searches, twice: 20,000 translations
         "scaling": 150,
         "serve": 120,
+        "memory": 660,  # two 1,000-update `demo` runs (about 4 minutes each) and 10,000 lines
         "corpus": 2400,  # 1M pairs: 6 min; 10M: half an hour (3 starts each)
         "finetune": 600,
     },
@@ -143,8 +151,10 @@ QUICK = replace(
     scaling_configs=("tiny", "small"),
     scaling_batches=2,
     per_bucket=10,
-    serve_sentences=60,
-    serve_clients=(1, 8),  # 60 requests among 32 clients would be one or two each
+    serve_sentences=200,
+    serve_clients=(1, 8, 32),
+    memory_updates=250,
+    memory_lines=2000,
     corpus_pairs=(28_045,),
     finetune_updates=8,
     finetune_standin="half",
@@ -156,7 +166,8 @@ QUICK = replace(
         "decode": 95,  # training `demo` for 400 updates included
         "engines": 20,
         "scaling": 5,
-        "serve": 35,
+        "serve": 80,
+        "memory": 160,
         "corpus": 25,
         "finetune": 50,
     },
@@ -191,6 +202,9 @@ SMOKE = Size(
     per_bucket=2,
     serve_sentences=8,
     serve_clients=(1, 4),
+    memory_config="tiny",
+    memory_updates=12,
+    memory_lines=40,
     corpus_pairs=(3000,),
     finetune_updates=6,
     finetune_standin="tiny",
@@ -203,6 +217,7 @@ SMOKE = Size(
         "engines": 1,
         "scaling": 1,
         "serve": 8,
+        "memory": 25,  # two `tf train` and a `tf translate` process
         "corpus": 40,  # three `tf train` launches, one of 2 ranks
         "finetune": 40,  # a tiny stand-in made and imported, two loops in processes
     },
@@ -247,6 +262,8 @@ def sized_for(size: Size, gflops: float, native_bf16: bool = True) -> Size:
         uncached_sentences=cut(size.uncached_sentences, 5),
         per_bucket=cut(size.per_bucket, 3),
         serve_sentences=cut(size.serve_sentences, 20),
+        memory_updates=cut(size.memory_updates, 100),
+        memory_lines=cut(size.memory_lines, 500),
         finetune_updates=cut(size.finetune_updates, 4),
         estimate_s={name: s / max(factor, 0.5) for name, s in size.estimate_s.items()},
     )
@@ -359,6 +376,23 @@ def serve_section(size: Size, out: Path) -> dict:
     return r
 
 
+def memory_section(size: Size, out: Path) -> dict:
+    print(
+        f"\n== RSS over `tf train {size.memory_config}` ({size.memory_updates} updates, by "
+        f"data.pad_multiple) and `tf translate` ({size.memory_lines:,} lines)"
+    )
+    r = memory_bench.run(
+        size.memory_config,
+        size.memory_updates,
+        size.memory_lines,
+        trained_run(size, out),
+        pairs=size.pairs,
+        out=out,
+    )
+    memory_bench.print_results(r)
+    return r
+
+
 def corpus_section(size: Size, out: Path) -> dict:
     pairs = ", ".join(f"{n:,}" for n in size.corpus_pairs)
     print(f"\n== `tf train {size.config}` to its first update on {pairs} numbered pairs")
@@ -387,6 +421,7 @@ SECTIONS: list[tuple[str, Callable[[Size, Path], dict]]] = [
     ("engines", engines_section),
     ("scaling", scaling_section),
     ("serve", serve_section),
+    ("memory", memory_section),
     ("corpus", corpus_section),
     ("finetune", finetune_section),
 ]

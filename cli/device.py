@@ -125,6 +125,27 @@ def inference_autocast(device: torch.device, precision: str = "auto") -> Abstrac
     return nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, as a container or taskset sets it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def search_workers(device: torch.device, workers: int = 0) -> tuple[int, int]:
+    """How `tf serve` searches: (worker threads, intra-op threads each; 0 = torch's own).
+
+    A GPU runs one search at a time: one worker. On CPUs the cores are shared out, at most 4
+    workers (`workers` asks for a number); a worker's small per-step ops gain little from
+    more than a few threads, and concurrent groups keep every core busy (see
+    cli/inference/batcher.py for the measurement)."""
+    if device.type != "cpu":
+        return max(1, workers), 0
+    cores = usable_cores()
+    workers = workers or min(cores, 4)
+    return workers, max(1, cores // workers)
+
+
 def demo_config(device: torch.device | None = None) -> tuple[str, str]:
     """`make demo`'s recipe for this machine, and why: its 4 minutes buy the most translation
     with `configs/demo.yaml` where bf16 runs natively, and with the narrower
@@ -132,7 +153,7 @@ def demo_config(device: torch.device | None = None) -> tuple[str, str]:
     device = device or pick_device("auto")  # where `tf train` will run it
     if device.type == "cuda":
         return "configs/demo.yaml", "a CUDA GPU: configs/demo.yaml"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     if autocast_dtype("auto", device) is not None:
         return "configs/demo.yaml", f"native bf16 on {cores} cores: configs/demo.yaml"
     return (

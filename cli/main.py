@@ -261,6 +261,12 @@ def serve(
     timeout: Annotated[
         float, typer.Option(help="Seconds a request may take, queue included; then 504.")
     ] = 60.0,
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="Searches side by side, sharing the cores (0: up to 4 on CPUs, 1 on GPUs)."
+        ),
+    ] = 0,
 ) -> None:
     """Translate over HTTP: POST /translate {"text": [...], "beam": 5}, GET /health, a page at /."""
     from cli.commands.serve import Limits, run_serve
@@ -269,7 +275,7 @@ def serve(
     if not 0 <= max_wait < float("inf"):  # NaN too
         raise InputError(f"--max-wait must be 0 or more, got {max_wait}")
     overrides = decode_overrides(beam, False, None, None, set_ or [])
-    limits = Limits(max_lines, max_wait / 1000, max_queue, timeout)
+    limits = Limits(max_lines, max_wait / 1000, max_queue, timeout, workers)
     run_serve(run, host, port, overrides, device, int8, limits)
 
 

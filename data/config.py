@@ -39,6 +39,10 @@ class DataConfig:
     character_coverage: float = 1.0
     max_len: int = 256  # pairs with a side longer than this many pieces are dropped
     max_len_ratio: float = 3.0  # pairs whose longer side is over this times the other's are dropped
+    # Training batches pad both sides to one width, a multiple of this, and hold a multiple of 8
+    # sentences, so that a run sees few shapes (a kernel and its memory are kept per shape on
+    # CPUs; see data/batching.py). 1: each side to its longest sentence, any count (no rounding).
+    pad_multiple: int = 2
     # Drop duplicate pairs, untranslated copies, pairs of the dev or test set, and junk (no
     # letters, mostly digits, punctuation or URLs): see data/clean.py. Counts go to RUN/data.json.
     clean: bool = True
@@ -107,5 +111,7 @@ def check_data(d: DataConfig, fail: Callable[[str], None]) -> None:
                 ">>name<<, a Marian model's target-language token), and not one of "
                 f"{', '.join(SPECIAL_PIECES)}"
             )
+    if d.pad_multiple < 1:
+        fail(f"data.pad_multiple must be 1 or more, got {d.pad_multiple}")
     if d.max_len_ratio < 1:
         fail(f"data.max_len_ratio must be 1 or more, got {d.max_len_ratio}")

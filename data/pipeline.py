@@ -151,6 +151,7 @@ def batch_training_data(
         rank=b.rank,
         world_size=b.world_size,
         corpora=[(p.counts["kept"], spec.weight) for p, spec in zip(parts, d.corpora())],
+        pad_multiple=d.pad_multiple,
         **special,
     )
     dev_batches, src_ids, refs = dev_sets(d, b, tokenizer, dev, special)
@@ -204,6 +205,7 @@ def dev_sets(
         max_sentences=b.max_sentences,
         seed=b.seed,  # unused: no shuffling
         shuffle=False,
+        pad_multiple=d.pad_multiple,
         **special,
     )
     n = min(b.eval_bleu_sentences or len(dev), len(dev))

@@ -13,6 +13,9 @@ from torch import Tensor
 # 1 MB); on a GPU larger chunks mean fewer kernel launches.
 CHUNK_ELEMENTS = {"cpu": 1 << 20}
 OTHER_CHUNK_ELEMENTS = 1 << 24
+# The target of a row that counts for nothing (torch's convention): training pads its rows of
+# real targets to a round number with such rows (`data.batching.TARGET_ROWS_MULTIPLE`).
+IGNORE_INDEX = -100
 
 
 def label_smoothed_cross_entropy(
@@ -57,7 +60,12 @@ def label_smoothed_cross_entropy(
 
 
 def projected_label_smoothed_cross_entropy(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, epsilon: float
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target: Tensor,
+    epsilon: float,
+    ignore_index: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """`label_smoothed_cross_entropy` of the logits `hidden @ weight.T + bias`, the output
     layer and the loss as one step (what training computes).
@@ -70,12 +78,16 @@ def projected_label_smoothed_cross_entropy(
     touched for the first time and memory traffic, the fifth of an fp32 update of `small`.
 
     Shape: hidden (N, D), weight (V, D), bias (V,) or None, target (N,) long -> two scalars,
-    as `label_smoothed_cross_entropy` (only loss_sum carries a gradient).
+    as `label_smoothed_cross_entropy` (only loss_sum carries a gradient; rows whose target is
+    `ignore_index` count for nothing, as there).
     """
+    counted = None if ignore_index is None else target != ignore_index  # (N,)
+    if counted is not None:
+        target = target.masked_fill(~counted, 0)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _ProjectedSmoothedCrossEntropy.apply(hidden, weight, bias, target, epsilon)
+        return _ProjectedSmoothedCrossEntropy.apply(hidden, weight, bias, target, counted, epsilon)
     logits = _project(hidden, weight, bias)[0]
-    loss, nll, _ = _chunked(logits, target, None, epsilon, want_grad=False)
+    loss, nll, _ = _chunked(logits, target, counted, epsilon, want_grad=False)
     return loss, nll
 
 
@@ -94,9 +106,9 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
     """The output layer and the loss, the loss's gradient written over the logits."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, epsilon):
+    def forward(ctx, hidden, weight, bias, target, counted, epsilon):
         logits, h, w = _project(hidden, weight, bias)
-        loss, nll, _ = _chunked(logits, target, None, epsilon, want_grad=True, out=logits)
+        loss, nll, _ = _chunked(logits, target, counted, epsilon, want_grad=True, out=logits)
         ctx.save_for_backward(logits, h, w)  # the logits' buffer holds their gradient now
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.mark_non_differentiable(nll)
@@ -115,7 +127,7 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
         if bias_dtype is not None and ctx.needs_input_grad[2]:
             summed = grad.sum(dim=0, dtype=torch.promote_types(grad.dtype, torch.float32))
             d_bias = summed.to(bias_dtype).mul_(scale)
-        return d_hidden, d_weight, d_bias, None, None
+        return d_hidden, d_weight, d_bias, None, None, None
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.attention import CrossAttention, KVCache, MultiheadAttention, SelfAttention, keep_mask
-from model.loss import projected_label_smoothed_cross_entropy
+from model.loss import IGNORE_INDEX, projected_label_smoothed_cross_entropy
 
 TIE_EMBEDDINGS = ("none", "decoder", "all")
 # The feed-forward's nonlinearity: the paper's ReLU, or what a pretrained model was trained with
@@ -444,10 +444,10 @@ class Transformer(nn.Module):
             positions: (N,) long indices into the flattened (B*T) target positions, or None.
                 Training passes the real (non-pad) ones, so that the generator, the largest
                 matmul of the model, is never run on padding.
-            targets: (N,) the reference ids at `positions`: the generator and the
-                label-smoothed loss then run as one step (`model.loss`), and no logits are
-                returned. Inside `forward`, so that DistributedDataParallel sees every
-                parameter used there.
+            targets: (N,) the reference ids at `positions` (`model.loss.IGNORE_INDEX`: a row
+                that counts for nothing): the generator and the label-smoothed loss then run as
+                one step (`model.loss`), and no logits are returned. Inside `forward`, so
+                that DistributedDataParallel sees every parameter used there.
             label_smoothing: the loss's epsilon.
 
         Returns:
@@ -461,7 +461,7 @@ class Transformer(nn.Module):
         if targets is not None:
             generator = self.generator
             return projected_label_smoothed_cross_entropy(
-                hidden, generator.weight, generator.bias, targets, label_smoothing
+                hidden, generator.weight, generator.bias, targets, label_smoothing, IGNORE_INDEX
             )
         return self.project(hidden)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data.batching import (
+    TARGET_ROWS_MULTIPLE,
     BatchIterator,
     RaggedIds,
     batch_by_tokens,
@@ -105,9 +109,10 @@ def test_batch_by_tokens_sorts_covers_and_keeps_the_budget():
     world_size=st.integers(1, 3),
     seed=st.integers(0, 3),
     pool_batches=st.integers(1, 5),
+    pad_multiple=st.sampled_from([1, 2, 3, 8]),
 )
 def test_every_example_once_per_epoch_within_budget(
-    per_rank, max_tokens, max_sentences, world_size, seed, pool_batches
+    per_rank, max_tokens, max_sentences, world_size, seed, pool_batches, pad_multiple
 ):
     n = per_rank * world_size  # else single-example batches may not share out evenly
     src, tgt = corpus(n, seed)
@@ -121,6 +126,7 @@ def test_every_example_once_per_epoch_within_budget(
             pool_batches=pool_batches,
             rank=rank,
             world_size=world_size,
+            pad_multiple=pad_multiple,
             **IDS,
         )
         for rank in range(world_size)
@@ -239,6 +245,77 @@ def test_ragged_ids_round_trip():
     assert len(ragged) == 3
     assert [ragged[i].tolist() for i in range(3)] == rows
     assert ragged.lengths().tolist() == [3, 0, 1]
+
+
+def test_pad_multiple_one_is_the_batching_before_it():
+    """`pad_multiple: 1` plans the batches planned before the option existed: the digest of
+    this plan was taken from that code (commit 37b44f5)."""
+    rng = np.random.default_rng(0)
+    lens = rng.integers(1, 60, size=(2, 500))
+    src, tgt = ([[5] * int(n) for n in side] for side in lens)
+    settings_ = {"max_tokens": 300, "seed": 3, "pool_batches": 5, "world_size": 2, "rank": 1}
+    plan = [BatchIterator(src, tgt, **settings_, **IDS).epoch_indices(e) for e in range(3)]
+    digest = hashlib.sha256(json.dumps(plan).encode()).hexdigest()
+    assert digest == "6c876905d1f28560d7b2f635037e2474c6ad0d77bd974b82dde3455ab63dd222"
+    rounded = BatchIterator(src, tgt, **settings_, **IDS, pad_multiple=2)
+    assert [rounded.epoch_indices(e) for e in range(3)] != plan
+
+
+@pytest.mark.parametrize("multiple", [2, 8])
+def test_pad_multiple_gives_one_rounded_width_and_counts_of_eight(multiple):
+    src, tgt = corpus(2000, max_len=70)
+    iterator = make_iterator(src, tgt, max_tokens=1024, pad_multiple=multiple, pool_batches=10)
+    batches = list(iterator)
+    pool_ends = len(src) // iterator.pool_size + 1  # a pool's last batch takes what is left
+    for batch in batches:
+        assert batch.src.shape[1] == batch.tgt_in.shape[1] == batch.tgt_out.shape[1]
+        width = batch.src.shape[1]
+        assert width % multiple == 0
+        longest = max(max(len(src[i]), len(tgt[i]) + 1) for i in batch.indices)
+        assert width - multiple < longest <= width, "rounded up, not beyond"
+        assert_within_budget(batch, 1024)
+        assert_consistent(batch, src, tgt)
+    odd = [b for b in batches if len(b.indices) % 8 and len(b.indices) > 8]
+    assert len(odd) <= pool_ends
+    shapes = {tuple(b.src.shape) for b in batches}
+    widths = {b.src.shape[1] for b in batches}
+    assert len(shapes) <= len(widths) + pool_ends + 4, "about one sentence count per width"
+    plain = {(*b.src.shape, b.tgt_in.shape[1]) for b in make_iterator(src, tgt, max_tokens=1024)}
+    assert len(shapes) < len(plain) / 2
+
+
+def test_rounded_batches_train_as_the_plain_ones():
+    """One width for both sides, a multiple of 8 sentences and the rows of real targets
+    rounded up to TARGET_ROWS_MULTIPLE with ignored rows: the loss, the NLL and every
+    gradient of a batch are those of the same examples batched at `pad_multiple: 1`."""
+    from cli.training.trainer import batch_loss
+    from model.transformer import ModelConfig, Transformer
+
+    src, tgt = corpus(24, seed=3, max_len=20)
+    rows = list(range(24))
+    plain = make_iterator(src, tgt)._collate(np.array(rows))
+    rounded = make_iterator(src, tgt, pad_multiple=8)._collate(np.array(rows))
+    assert rounded.src.shape == rounded.tgt_in.shape and rounded.src.shape[1] % 8 == 0
+    assert len(rounded.tgt_index) % TARGET_ROWS_MULTIPLE == 0
+    assert len(rounded.tgt_index) > rounded.n_tgt_tokens == plain.n_tgt_tokens
+    targets = rounded.real_targets(-100)
+    assert (targets[rounded.n_tgt_tokens :] == -100).all()
+    assert sorted(targets[: rounded.n_tgt_tokens].tolist()) == sorted(plain.real_targets().tolist())
+    sizes = dict(d_model=16, n_heads=4, d_ff=32, n_encoder_layers=2, n_decoder_layers=2)
+    config = ModelConfig(**sizes, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    torch.manual_seed(0)
+    model = Transformer(config, 100, 100, PAD).double()
+    sums, grads = [], []
+    for batch in (plain, rounded):
+        model.zero_grad()
+        loss, nll = batch_loss(model, batch, 0.1)
+        loss.backward()
+        sums.append((loss.item(), nll.item()))
+        grads.append([p.grad.clone() for p in model.parameters()])
+    # The loss runs its softmax and sums in float32 (model.loss), over other chunks here.
+    assert sums[0] == pytest.approx(sums[1], rel=1e-6)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 
 def test_padding_efficiency_on_the_bundled_corpus():

@@ -18,6 +18,7 @@ from benchmarks.common import corpus_batches
 from benchmarks.run import SMOKE
 from cli.config import load_config
 from cli.device import autocast_dtype
+from data.config import DataConfig
 
 CT2 = importlib.util.find_spec("ctranslate2") is not None  # the `export` extra; CI has it
 PRECISIONS = ("fp32", "bf16")
@@ -61,7 +62,13 @@ def test_data(out, capsys):
     keys = ["load_s", "tokenizer_train_s", "encode_s", "encode_cached_s", "mean_src_tokens"]
     keys += ["mean_tgt_tokens", "batch_plan_s", "epoch_collate_s", "batches"]
     assert_numbers(r, [*keys, "sentences_per_batch", "padding_efficiency"])
-    assert "padding efficiency" in capsys.readouterr().out
+    shapes = r["shapes_3_epochs"]
+    assert set(shapes) == {"1", str(r["pad_multiple"])}
+    for each in shapes.values():
+        assert each["batches"] >= 3 and 0 < each["distinct_shapes"] <= each["batches"]
+        assert 0 <= each["padding_share"] < 1
+    printed = capsys.readouterr().out
+    assert "padding efficiency" in printed and "pad_multiple 1: shapes in 3 epochs" in printed
 
 
 def test_train(out, capsys):
@@ -115,6 +122,7 @@ def test_decode(out, trained, capsys):
     r = MEASURED["decode"] = run.decode_section(SMOKE, out)
     assert r["run"] == str(trained) and r["sentences"] == SMOKE.sentences
     fields = ("sentences_per_s", "tokens_per_s", "uncached_tokens_per_s", "speedup_vs_uncached")
+    fields += ("cached_tokens", "uncached_tokens")
     assert_numbers(r, [f"{search}_{field}" for search in SEARCHES for field in fields])
     assert "cache speed-up" in capsys.readouterr().out
 
@@ -173,7 +181,22 @@ def test_run_smoke_end_to_end(out, trained, capsys, monkeypatch):
     assert all(f"section {name}: " in printed for name in sections)
     assert printed.index("section scaling: ") < printed.index("== `tf serve` on loopback")
     check_corpus(bench["corpus"])
-    assert set(bench["serve"]["serve"]) == {"1", "4"}  # JSON keys: the clients of smoke size
+    serve = bench["serve"]
+    assert set(serve["loads"]) == {"same sentence", "varied"} and serve["precision"]
+    for load in serve["loads"].values():
+        assert load["translate_sentences_per_s"] > 0
+        assert set(load["serve"]) == {"1", "4"}  # JSON keys: the clients of smoke size
+        for clients in load["serve"].values():  # the light client's figures, no request failed
+            assert clients["errors"] == 0 and clients["requests_per_s"] > 0
+            assert 0 < clients["p50_ms"] <= clients["p99_ms"]
+    memory = bench["memory"]
+    runs = [f"train_pad_multiple_{m}" for m in sorted({1, DataConfig.pad_multiple})]
+    assert memory["precision"] in ("fp32", "bf16") and "RSS over `tf train tiny`" in printed
+    for m in [memory[key] for key in runs] + [memory["translate"]]:
+        assert 0 < m["rss_at_tenth_gb"] <= m["peak_rss_gb"] < 64
+        assert m["peak_over_tenth"] == pytest.approx(m["peak_rss_gb"] / m["rss_at_tenth_gb"])
+    assert all(memory[key]["tokens_per_s"] > 0 for key in runs)
+    assert memory["translate"]["sentences_per_s"] > 0
     (precision,) = set(bench["finetune"]) & {"fp32", "bf16"}  # the machine's own (auto)
     both = bench["finetune"][precision]
     assert both["ratio"] > 0 and both["tf"]["peak_rss_gb"] > 0

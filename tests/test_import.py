@@ -455,6 +455,9 @@ def test_import_fine_tune_resume_constrain_distill_export(tmp_path, tiny_prefix)
         "--set", f"data.train={distilled}/train",
         "--set", f"data.dev={tiny_prefix}-dev",
         "--set", "data.clean=false",  # a teacher of 4 updates repeats itself
+        # ... in outputs of any length: no pair may fall to the length filters either.
+        "--set", "data.max_len=255",
+        "--set", "data.max_len_ratio=1000",
         "--set", "train.max_steps=2",
     )  # fmt: skip
     assert trained_student.exit_code == 0, trained_student.output

@@ -137,6 +137,36 @@ def test_the_output_layer_and_loss_as_one_step_equal_them_apart(bias, monkeypatc
     assert again[0].item() == pytest.approx(expected.item(), rel=1e-12)
 
 
+def test_ignored_rows_of_the_one_step_count_for_nothing(monkeypatch):
+    """Rows whose target is the ignore index (training's padding of its rows to a round
+    number, whatever they hold) change neither the sums nor any gradient."""
+    monkeypatch.setitem(loss_module.CHUNK_ELEMENTS, "cpu", 40)
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(7, 6, generator=g, dtype=torch.float64)
+    weight = torch.randn(13, 6, generator=g, requires_grad=True, dtype=torch.float64)
+    target = torch.randint(0, 13, (7,), generator=g)
+    extra = torch.randn(5, 6, generator=g, dtype=torch.float64)
+    padded = torch.cat([hidden, extra]).requires_grad_()
+    ignored = torch.cat([target, torch.full((5,), -100)])
+    loss, nll = projected_label_smoothed_cross_entropy(padded, weight, None, ignored, 0.1, -100)
+    loss.backward()
+    grads = padded.grad.clone(), weight.grad.clone()
+    weight.grad = None
+    plain = hidden.clone().requires_grad_()
+    expected, expected_nll = projected_label_smoothed_cross_entropy(
+        plain, weight, None, target, 0.1
+    )
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    assert nll.item() == pytest.approx(expected_nll.item(), rel=1e-12)
+    torch.testing.assert_close(grads[0][:7], plain.grad)
+    assert grads[0][7:].abs().max() == 0
+    torch.testing.assert_close(grads[1], weight.grad)
+    with torch.no_grad():
+        again = projected_label_smoothed_cross_entropy(padded, weight, None, ignored, 0.1, -100)
+    assert again[0].item() == pytest.approx(expected.item(), rel=1e-12)
+
+
 def test_the_one_step_computes_in_autocasts_dtype():
     """Under bf16 autocast the output layer multiplies in bf16 as the nn.Linear it replaces,
     the softmax in float32; the gradients come back in the parameters' dtype."""

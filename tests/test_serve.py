@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from cli.commands.serve import read_page
+from cli.device import search_workers
 from cli.inference.batcher import Batcher
 from cli.inference.engines import Engine, load_engine
 from cli.inference.server import Limits, build_app
@@ -231,9 +232,10 @@ def test_the_page_and_health(engine, trained):
         assert (health["src_lang"], health["tgt_lang"], health["model"]) == ("es", "en", "run")
         assert str(trained.parent) not in json.dumps(health)
         # A batcher that died would leave every request waiting: /health says so.
-        app.state.batcher.thread = threading.Thread(target=lambda: None)
-        app.state.batcher.thread.start()
-        app.state.batcher.thread.join()
+        dead = threading.Thread(target=lambda: None)
+        dead.start()
+        dead.join()
+        app.state.batcher.workers[-1] = dead
         status, health, _ = call(f"{url}/health")
         assert status == 503 and health["status"] == "down"
 
@@ -273,6 +275,7 @@ def test_tf_serve_starts_from_the_command_line(trained, tmp_path, kind):
                 time.sleep(0.2)
         assert status == 200
         assert health["engine"] == ("ctranslate2" if kind == "ctranslate2" else "pytorch")
+        assert health["workers"] == search_workers(torch.device("cpu"))[0]
         status, body, _ = call(f"{url}/translate", {"text": LINES[:2], "beam": 2})
         assert status == 200 and len(body["translations"]) == 2
     finally:
@@ -280,16 +283,58 @@ def test_tf_serve_starts_from_the_command_line(trained, tmp_path, kind):
         proc.wait(timeout=30)
 
 
-def test_tf_serve_refuses_bad_options_in_one_line(trained):
+@pytest.mark.parametrize(
+    "option, says",
+    [
+        (["--max-lines", "0"], "--max-lines must be 1 or more, got 0"),
+        (["--workers", "-1"], "--workers must be 0 (as many as the cores allow) or more, got -1"),
+    ],
+)
+def test_tf_serve_refuses_bad_options_in_one_line(trained, option, says):
     done = subprocess.run(
-        [sys.executable, "-m", "cli.main", "serve", str(trained), "--max-lines", "0"],
+        [sys.executable, "-m", "cli.main", "serve", str(trained), *option],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 2
-    assert done.stderr.strip() == "error: --max-lines must be 1 or more, got 0"
+    assert done.stderr.strip() == f"error: {says}"
+
+
+def test_workers_search_side_by_side_each_with_its_threads(engine):
+    """Two workers: a second group is searched while the first still runs (each search waits
+    for the other at a barrier, which one worker alone would never pass), each in a thread
+    of the intra-op threads it was given; the caller's own setting is left alone."""
+    both = threading.Barrier(2, timeout=30)
+    seen, entered = [], threading.Event()
+
+    def search(src_ids, decode, guides=None):
+        seen.append(torch.get_num_threads())
+        entered.set()
+        both.wait()
+        return [[Hypothesis(list(ids), 0.0, 0.0)] for ids in src_ids]
+
+    mine = torch.get_num_threads()
+    batcher = Batcher(search, max_tokens=4096, max_wait=0.0, workers=2, threads=mine + 1)
+    first = batcher.submit([[1]], engine.config.decode)
+    assert entered.wait(30)  # its search runs: the next job cannot join its group
+    second = batcher.submit([[2]], engine.config.decode)
+    assert first.result(timeout=30)[0][0].tokens == [1]
+    assert second.result(timeout=30)[0][0].tokens == [2]
+    assert seen == [mine + 1] * 2 and batcher.searches == 2 and batcher.alive
+    assert torch.get_num_threads() == mine
+
+
+def test_search_workers_share_the_cores_out(monkeypatch):
+    import cli.device
+
+    monkeypatch.setattr(cli.device, "usable_cores", lambda: 16)
+    assert search_workers(torch.device("cpu")) == (4, 4)
+    assert search_workers(torch.device("cpu"), workers=16) == (16, 1)
+    monkeypatch.setattr(cli.device, "usable_cores", lambda: 2)
+    assert search_workers(torch.device("cpu")) == (2, 1)
+    assert search_workers(torch.device("cuda")) == (1, 0)  # a GPU runs one search at a time
 
 
 # --- the batcher under cancellation, failure, departed clients, a full queue, a time limit ---

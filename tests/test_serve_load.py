@@ -157,9 +157,11 @@ def test_the_serve_benchmark_runs(trained, tiny_prefix):
 
     lines = [line for line in sentences(tiny_prefix) if line][:6]
     results = serve_bench.run(trained, lines, clients=(1, 3), device="cpu")
-    assert results["translate_sentences_per_s"] > 0
-    for clients in (1, 3):
-        row = results["serve"][clients]
-        assert row["errors"] == 0 and row["requests_per_s"] > 0
-        assert 0 < row["p50_ms"] <= row["p99_ms"]
+    assert set(results["loads"]) == {"same sentence", "varied"}
+    for load in results["loads"].values():
+        assert load["translate_sentences_per_s"] > 0
+        for clients in (1, 3):
+            row = load["serve"][clients]
+            assert row["errors"] == 0 and row["requests_per_s"] > 0
+            assert 0 < row["p50_ms"] <= row["p99_ms"]
     serve_bench.print_results(results)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 from importlib import resources
 
-from cli.device import pick_device
+from cli.device import pick_device, search_workers
 from cli.inference.engines import Engine, load_engine
 from cli.inference.server import Limits, build_app, shown_name
 from data.errors import InputError
@@ -35,6 +36,10 @@ def check_options(port: int, limits: Limits) -> None:
         raise InputError(f"--max-lines must be 1 or more, got {limits.max_lines}")
     if limits.max_queue < 1:
         raise InputError(f"--max-queue must be 1 or more, got {limits.max_queue}")
+    if limits.workers < 0:
+        raise InputError(
+            f"--workers must be 0 (as many as the cores allow) or more, got {limits.workers}"
+        )
     if not (math.isfinite(limits.timeout) and limits.timeout > 0):
         raise InputError(f"--timeout must be a number of seconds above 0, got {limits.timeout}")
     if not 0 <= port <= 65535:
@@ -56,7 +61,16 @@ def run_serve(
     except ImportError:
         raise InputError("tf serve needs its server: pip install 'tf[serve]'") from None
     check_options(port, limits)
-    engine = load_engine(run, pick_device(device_name), overrides, int8)
+    device = pick_device(device_name)
+    engine = load_engine(run, device, overrides, int8)
+    workers, threads = search_workers(device, limits.workers)
+    limits = replace(limits, workers=workers, threads=threads)
     app = build_app(engine, run, engine_kind(engine, int8), limits, read_page())
-    log.info("serving %s on http://%s:%d/ (Ctrl-C stops)", shown_name(run), host, port)
+    log.info(
+        "serving %s on http://%s:%d/ with %d search worker(s) (Ctrl-C stops)",
+        shown_name(run),
+        host,
+        port,
+        workers,
+    )
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -48,6 +48,8 @@ class Limits:
     max_wait: float = 0.005  # seconds the batcher waits for other requests to join a batch
     max_queue: int = 1 << 16  # source tokens x beam waiting for the batcher
     timeout: float = 60.0  # seconds a request may take, queue and search included
+    workers: int = 1  # searches side by side (`cli.device.search_workers`)
+    threads: int = 0  # intra-op threads of each (0: torch's setting)
 
 
 def beam_problem(beam: object) -> str | None:
@@ -207,7 +209,12 @@ def build_app(
     limits = limits or Limits()
     check_engine(engine)
     batcher = Batcher(
-        engine.search, engine.config.decode.max_tokens, limits.max_wait, limits.max_queue
+        engine.search,
+        engine.config.decode.max_tokens,
+        limits.max_wait,
+        limits.max_queue,
+        limits.workers,
+        limits.threads,
     )
     data = engine.config.data
     about = {
@@ -218,6 +225,7 @@ def build_app(
         "beam": engine.config.decode.beam_size,
         "max_lines": limits.max_lines,
         "max_queue": limits.max_queue,
+        "workers": limits.workers,
     }
 
     async def health(request) -> JSONResponse:

@@ -47,6 +47,7 @@ from cli.training.prefetch import Fetched, Prefetcher, training_batches
 from cli.training.preflight import check_settings
 from cli.training.run import RunDir, TrainingError, rng_state, set_rng_state
 from data.batching import Batch
+from model.loss import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def batch_loss(net: torch.nn.Module, batch: Batch, label_smoothing: float) -> tu
         batch.src_pad_mask,
         batch.tgt_pad_mask,
         batch.tgt_index,
-        batch.real_targets(),
+        batch.real_targets(IGNORE_INDEX),
         label_smoothing,
     )
 
