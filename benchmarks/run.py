@@ -124,10 +124,10 @@ FULL = Size(
         "finetune": 600,
     },
 )
-# About 5 minutes on the 2-core AMD EPYC (4m23s measured); `sized_for` keeps it near that on
-# slower CPUs. The `demo` model, not `small`: its steps are cheaper, and 400 updates (70 s here)
-# teach it to translate (`small` after 90 s wrote to the length limit, which made decoding and
-# serving take minutes).
+# About 6 minutes on the 2-core AMD EPYC (5m27s measured, its decode model already trained);
+# `sized_for` keeps it near that on slower CPUs. The `demo` model, not `small`: its steps are
+# cheaper, and 400 updates (70 s here) teach it to translate (`small` after 90 s wrote to the
+# length limit, which made decoding and serving take minutes).
 QUICK = replace(
     FULL,
     name="quick",

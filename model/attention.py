@@ -131,7 +131,7 @@ class MultiheadAttention(nn.Module):
             # Decoding under CPU autocast: in float32. Its matmuls' shapes change at every step
             # (one more key) and oneDNN, which runs the half-precision ones, builds and keeps a
             # kernel per shape; float32 attention needs none. On 2 cores (AVX512-BF16, the
-            # `demo` model, 1,000 test sentences at beam 5) it took 8.9-9.0 s against 9.7-9.8 s,
+            # `demo` model, 1,000 test sentences at beam 4) it took 8.9-9.0 s against 9.7-9.8 s,
             # `tf translate` of 10,000 lines peaked at 1.24 GB against 1.65 GB, and the output
             # moved towards fp32's (502 of 1,000 lines differ from it, 533 before). Written out
             # in float32 it peaked at 1.74 GB and was no faster than in bf16.

@@ -275,7 +275,8 @@ def test_tf_serve_starts_from_the_command_line(trained, tmp_path, kind):
                 time.sleep(0.2)
         assert status == 200
         assert health["engine"] == ("ctranslate2" if kind == "ctranslate2" else "pytorch")
-        assert health["workers"] == search_workers(torch.device("cpu"))[0]
+        own_threads = kind == "ctranslate2"  # its own thread pool: one worker
+        assert health["workers"] == search_workers(torch.device("cpu"), 0, own_threads)[0]
         status, body, _ = call(f"{url}/translate", {"text": LINES[:2], "beam": 2})
         assert status == 200 and len(body["translations"]) == 2
     finally:
@@ -335,6 +336,7 @@ def test_search_workers_share_the_cores_out(monkeypatch):
     monkeypatch.setattr(cli.device, "usable_cores", lambda: 2)
     assert search_workers(torch.device("cpu")) == (2, 1)
     assert search_workers(torch.device("cuda")) == (1, 0)  # a GPU runs one search at a time
+    assert search_workers(torch.device("cpu"), own_threads=True) == (1, 0)  # CTranslate2's pool
 
 
 # --- the batcher under cancellation, failure, departed clients, a full queue, a time limit ---

@@ -63,7 +63,7 @@ def run_serve(
     check_options(port, limits)
     device = pick_device(device_name)
     engine = load_engine(run, device, overrides, int8)
-    workers, threads = search_workers(device, limits.workers)
+    workers, threads = search_workers(device, limits.workers, own_threads=engine.model is None)
     limits = replace(limits, workers=workers, threads=threads)
     app = build_app(engine, run, engine_kind(engine, int8), limits, read_page())
     log.info(
