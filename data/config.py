@@ -28,6 +28,11 @@ class DataConfig:
     # A corpus spec (PREFIX, .tsv, .jsonl, hf:NAME[:CFG][@SPLIT], bundled:NAME/SPLIT), or a list
     # of corpora with weights and tags: [{corpus: SPEC, weight: 4, tag: "<bt>"}, ...].
     train: str | list[CorpusConfig] = "bundled:bible-es-en/train"
+    # Temperature sampling between corpora (Arivazhagan et al., 2019): corpus i makes a share of
+    # each epoch proportional to (weight_i x pairs_i) ** (1 / T), the epoch keeping its size
+    # (the sum of weight x pairs). 1: the weights as given; above 1 small corpora gain (5 is
+    # the paper's choice for many languages); RUN/data.json gives each corpus's share.
+    temperature: float = 1.0
     dev: str = "bundled:bible-es-en/dev"
     test: str = "bundled:bible-es-en/test"
     src_lang: str = "es"
@@ -111,6 +116,8 @@ def check_data(d: DataConfig, fail: Callable[[str], None]) -> None:
                 ">>name<<, a Marian model's target-language token), and not one of "
                 f"{', '.join(SPECIAL_PIECES)}"
             )
+    if not (d.temperature > 0 and math.isfinite(d.temperature)):
+        fail(f"data.temperature must be a positive number, got {d.temperature}")
     if d.pad_multiple < 1:
         fail(f"data.pad_multiple must be 1 or more, got {d.pad_multiple}")
     if d.max_len_ratio < 1:

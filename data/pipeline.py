@@ -122,17 +122,21 @@ def batch_training_data(
     if d.clean:  # no training pair may sit in the sets the run is scored on
         reference = Reference.of([dev, load_corpus(d.test, d.src_lang, d.tgt_lang)])
     check_tags(d, corpora)
-    parts, report = [], []
-    for i, (spec, ds) in enumerate(zip(d.corpora(), corpora)):
+    parts = []
+    for spec, ds in zip(d.corpora(), corpora):
         filters = Filters(d.clean, d.max_len, d.max_len_ratio, spec.tag or None)
-        prepared = prepare_corpus(ds, tokenizer, filters, reference, spec.corpus, progress)
-        parts.append(prepared)
-        report.append(corpus_report(spec, prepared.counts))
+        parts.append(prepare_corpus(ds, tokenizer, filters, reference, spec.corpus, progress))
+    kept = [p.counts["kept"] for p in parts]
+    weights = sampled_weights(kept, [spec.weight for spec in d.corpora()], d.temperature)
+    report = []
+    for i, (spec, prepared, weight) in enumerate(zip(d.corpora(), parts, weights)):
+        report.append(corpus_report(spec, prepared.counts, weight))
         if report[-1]["per_epoch"] == 0:
-            kept = prepared.counts["kept"]
             raise InputError(
-                f"{corpus_name(d, i)} ({spec.corpus}): weight {spec.weight:g} of its {kept} "
-                f"pairs is no pair per epoch; give it a weight of {1 / kept:.2g} or more"
+                f"{corpus_name(d, i)} ({spec.corpus}): weight {weight:g} of its {kept[i]} "
+                f"pairs is no pair per epoch; give it a weight of {1 / max(kept[i], 1):.2g} "
+                "or more"
+                + (f" at data.temperature {d.temperature:g}" if d.temperature != 1 else "")
             )
     b = batching
     special = dict(
@@ -150,7 +154,7 @@ def batch_training_data(
         seed=b.seed,
         rank=b.rank,
         world_size=b.world_size,
-        corpora=[(p.counts["kept"], spec.weight) for p, spec in zip(parts, d.corpora())],
+        corpora=list(zip(kept, weights)),
         pad_multiple=d.pad_multiple,
         **special,
     )
@@ -175,11 +179,26 @@ def check_tags(d: DataConfig, corpora: list[datasets.Dataset]) -> None:
                 )
 
 
-def corpus_report(spec, counts: dict) -> dict:
-    """One corpus's entry of RUN/data.json: read, removed by rule, kept, and its share."""
-    whole, fraction = divmod(spec.weight, 1.0)
+def sampled_weights(pairs: list[int], weights: list[float], temperature: float) -> list[float]:
+    """Each corpus's weight in the epoch (pairs seen per pair kept) under `data.temperature`:
+    its share of the epoch becomes (weight x pairs) ** (1 / T) over the sum of those, the
+    epoch keeping its size. T = 1 gives the weights back unchanged."""
+    if temperature == 1:
+        return list(weights)
+    sizes = [w * n for w, n in zip(weights, pairs)]
+    tempered = [size ** (1 / temperature) for size in sizes]
+    return [
+        t / sum(tempered) * sum(sizes) / n if n else w for t, n, w in zip(tempered, pairs, weights)
+    ]
+
+
+def corpus_report(spec, counts: dict, weight: float | None = None) -> dict:
+    """One corpus's entry of RUN/data.json: read, removed by rule, kept, and its share
+    (`weight`: its weight after temperature sampling, where that changed it)."""
+    weight = spec.weight if weight is None else weight
+    whole, fraction = divmod(weight, 1.0)
     kept = counts["kept"]
-    return {
+    report = {
         "spec": spec.corpus,
         "read": counts["read"],
         "removed": counts["removed"],
@@ -188,6 +207,9 @@ def corpus_report(spec, counts: dict) -> dict:
         "per_epoch": int(whole) * kept + round(fraction * kept),
         "tag": spec.tag or None,
     }
+    if weight != spec.weight:
+        report["sampled_weight"] = weight
+    return report
 
 
 def dev_sets(

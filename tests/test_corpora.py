@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -210,6 +211,39 @@ def test_a_tagged_weighted_mix_reaches_the_model_and_reports_its_counts(tmp_path
             assert (src[0].item() == tag) == (row >= kept)  # tagged rows, and only they
             assert (src[~pad] == tag).sum().item() == (row >= kept)
     assert firsts[False] == 2 * firsts[True] == 2 * kept
+
+
+def test_temperature_shares_follow_the_formula_over_an_epoch(tmp_path, tiny_prefix):
+    """data.temperature: corpus i makes a share of the epoch proportional to
+    (weight_i x pairs_i) ** (1 / T), within 2%, the epoch keeping its size; data.json says
+    each corpus's sampled weight; T = 1 leaves the weights as given."""
+    from cli.commands.train import run_train
+
+    small = tmp_path / "small"
+    for lang in ("es", "en"):  # a corpus a quarter of the size of the other
+        lines = (Path(f"{tiny_prefix}.{lang}").read_text(encoding="utf-8")).splitlines()
+        Path(f"{small}.{lang}").write_text("\n".join(lines[:50]) + "\n", encoding="utf-8")
+    mix = f"[{{corpus: {tiny_prefix}}}, {{corpus: {small}, weight: 2}}]"
+    for temperature in (1, 5):
+        config = run_config(
+            tiny_prefix, mix, "train.max_steps=1", f"data.temperature={temperature}"
+        )
+        run = tmp_path / f"t{temperature}"
+        run_train(config, run, resume=False)
+        big, little = json.loads((run / "data.json").read_text())["corpora"]
+        sizes = [1 * big["kept"], 2 * little["kept"]]
+        tempered = [n ** (1 / temperature) for n in sizes]
+        expected = [t / sum(tempered) for t in tempered]
+        trainer = trainer_for(config, tmp_path / f"again{temperature}")
+        seen = Counter(row >= big["kept"] for batch in trainer.data.train for row in batch.indices)
+        total = seen[False] + seen[True]
+        assert total == pytest.approx(sum(sizes), abs=2)  # the epoch keeps its size
+        assert seen[True] / total == pytest.approx(expected[1], abs=0.02)
+        assert little["per_epoch"] == seen[True] and big["per_epoch"] == seen[False]
+        if temperature == 1:
+            assert "sampled_weight" not in little and seen[True] == 2 * little["kept"]
+        else:
+            assert little["sampled_weight"] > 2 and big["sampled_weight"] < 1
 
 
 def test_a_pool_of_processes_encodes_exactly_as_one_process(

@@ -79,14 +79,16 @@ def report_data(report: dict, run: RunDir) -> None:
     """What each training corpus gave, in the log and in RUN/data.json."""
     for c in report["corpora"]:
         removed = ", ".join(f"{rule} {n}" for rule, n in c["removed"].items())
+        sampled = f", {c['sampled_weight']:.3g} after temperature" if "sampled_weight" in c else ""
         log.info(
-            "%s: read %d, removed %s; kept %d, %d per epoch (weight %g)",
+            "%s: read %d, removed %s; kept %d, %d per epoch (weight %g%s)",
             c["spec"],
             c["read"],
             removed,
             c["kept"],
             c["per_epoch"],
             c["weight"],
+            sampled,
         )
     with atomic_output(run.data_report) as f:
         json.dump(report, f, indent=1)
