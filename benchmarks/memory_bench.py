@@ -20,6 +20,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,17 +34,20 @@ from data.config import DataConfig
 def sampled(command: list[str], progress: Callable[[], int]) -> list[tuple[int, float]]:
     """Run `python COMMAND` in the checkout; (progress(), RSS in GB) twice a second until it
     ends. Raises RuntimeError with its stderr's tail if it fails."""
-    proc = subprocess.Popen(
-        [sys.executable, *command], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    samples = []
-    while proc.poll() is None:
-        rss = memory_kb(proc.pid)[0]
-        if rss:
-            samples.append((progress(), rss / 2**20))
-        time.sleep(0.5)
-    stderr = proc.stderr.read().decode(errors="replace")
-    if proc.returncode != 0:
+    # Its log goes to a file: a pipe read only at the end would fill and stop a long run.
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [sys.executable, *command], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log
+        )
+        samples = []
+        while proc.poll() is None:
+            rss = memory_kb(proc.pid)[0]
+            if rss:
+                samples.append((progress(), rss / 2**20))
+            time.sleep(0.5)
+        log.seek(0)
+        stderr = log.read().decode(errors="replace")
+    if proc.returncode != 0 or not samples:
         raise RuntimeError(f"python {' '.join(command)} failed:\n{stderr[-3000:]}")
     return samples
 

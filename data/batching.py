@@ -144,17 +144,18 @@ def _collate_rows(
 ) -> Batch:
     """`collate` on numpy rows (the iterator's fast path). With `pad_multiple` > 1 both sides
     are padded to one width, the longer side's rounded up to a multiple of it."""
-    src_lens = torch.tensor([len(row) for row in src_rows], dtype=torch.long)
     n = len(src_rows)
-    src_width = max(map(len, src_rows), default=0)
-    tgt_lens = torch.tensor([len(row) + 1 for row in tgt_rows or ()], dtype=torch.long)  # + BOS
-    tgt_width = int(tgt_lens.max()) if len(tgt_lens) else 0
+    src_lens = torch.tensor([len(row) for row in src_rows], dtype=torch.long)
+    tgt_lens = torch.zeros(n, dtype=torch.long)
+    if tgt_rows is not None:
+        tgt_lens = torch.tensor([len(row) + 1 for row in tgt_rows], dtype=torch.long)  # + BOS/EOS
+    src_width = int(src_lens.max()) if n else 0
+    tgt_width = int(tgt_lens.max()) if n else 0
     if pad_multiple > 1:
         src_width = tgt_width = _round_up(max(src_width, tgt_width), pad_multiple)
     src = _pad(src_rows, src_width, pad_id)  # (B, S)
     if tgt_rows is None:
         tgt_in = tgt_out = torch.empty(n, 0, dtype=torch.long)
-        tgt_lens = torch.zeros(n, dtype=torch.long)
     else:
         tgt_in = _pad(tgt_rows, tgt_width, pad_id, first=bos_id)  # (B, T)
         tgt_out = _pad(tgt_rows, tgt_width, pad_id, last=eos_id)  # (B, T)

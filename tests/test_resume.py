@@ -113,6 +113,8 @@ def test_a_time_budget_schedule_follows_the_clock_and_resumes_from_it(tmp_path, 
         ("model.d_model=64", "model.d_model"),
         ("train.max_tokens=256", "train.max_tokens"),
         ("data.vocab_size=60", "data.vocab_size"),
+        ("data.pad_multiple=4", "data.pad_multiple"),
+        ("data.temperature=5", "data.temperature"),
     ],
 )
 def test_what_the_checkpoint_depends_on_cannot_change(tmp_path, tiny_prefix, change, key):
@@ -121,6 +123,19 @@ def test_what_the_checkpoint_depends_on_cannot_change(tmp_path, tiny_prefix, cha
     with pytest.raises(TrainingError, match=rf"cannot change when resuming \({key}:"):
         resume_config(run, None, [change], allow_changes=True)
     assert resume_config(run, None, ["model.dropout=0.2"], allow_changes=True).model.dropout == 0.2
+
+
+def test_a_run_from_before_pad_multiple_resumes_with_its_batches(tmp_path, tiny_prefix):
+    """A config.yaml written before `data.pad_multiple` existed (its batches were each side's
+    own width): the run resumes without a flag, its batches planned as they were."""
+    trainer = trained_run(tmp_path, tiny_prefix, "data.pad_multiple=1")
+    config_file = trainer.run.config
+    lines = config_file.read_text().splitlines()
+    config_file.write_text("\n".join(x for x in lines if "pad_multiple" not in x) + "\n")
+    config = resume_config(trainer.run, None, ["train.max_steps=6"], allow_changes=True)
+    assert config.data.pad_multiple == 1
+    resumed = Trainer(config, trainer.run, distributed.Dist(), cpu(), resume=True)
+    assert resumed.data.train.state_dict() == trainer.data.train.state_dict()
 
 
 def test_force_retrains_a_tokenizer_of_another_size(tmp_path, tiny_prefix):

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from cli.config import Config, config_diff, load_config, save_config
+from cli.config import Config, config_diff, load_config, read_yaml, save_config
 from data.files import check_output
 
 log = logging.getLogger(__name__)
@@ -103,10 +103,15 @@ FIXED_ON_RESUME = (
     "data.clean",
     "data.dev",  # and data.test: cleaning drops the training pairs found in them
     "data.test",
+    "data.pad_multiple",
+    "data.temperature",
     "train.max_tokens",
     "train.max_sentences",
     "train.seed",
 )
+# Settings added after runs were made, and what a config.yaml written before them meant: a
+# run resumes with the batches it was cut into.
+BEFORE_THE_SETTING = {"data": {"pad_multiple": 1}}
 CHANGEABLE_ON_RESUME = ("model.dropout:", "model.attention_dropout:", "model.activation_dropout:")
 
 
@@ -119,14 +124,17 @@ def resume_config(
         raise TrainingError(f"{run.path}: no such run directory")
     if not run.config.is_file():
         raise TrainingError(f"{run.path}: not a run directory (no config.yaml)")
-    saved = load_config(run.config)
+    earlier = settings_it_predates(run.config)
+    saved = load_config(run.config, earlier)
     if not saved.data.corpora():  # `tf import`'s: a model alone, trained on no corpus of ours
         raise TrainingError(
             f"{run.path}: an imported model, not a training run to resume; fine-tune it with "
             f"tf train configs/finetune.yaml --init {run.path} --out NEW_RUN"
         )
     wanted = (
-        load_config(config_path, overrides) if config_path else load_config(run.config, overrides)
+        load_config(config_path, overrides)
+        if config_path
+        else load_config(run.config, [*earlier, *overrides])
     )
     changes = config_diff(saved.to_dict(), wanted.to_dict())
     fixed = [
@@ -148,6 +156,17 @@ def resume_config(
             )
         log.warning("resuming with a changed config: %s", listing)
     return wanted
+
+
+def settings_it_predates(config_file: Path) -> list[str]:
+    """`section.key=value` for each setting of BEFORE_THE_SETTING that `config_file` lacks."""
+    raw = read_yaml(config_file)
+    return [
+        f"{section}.{key}={value}"
+        for section, keys in BEFORE_THE_SETTING.items()
+        for key, value in keys.items()
+        if key not in (raw.get(section) or {})
+    ]
 
 
 # ------------------------------------------------------------------------ RNG state
