@@ -315,8 +315,16 @@ def check_config(config: Config, source: str) -> Config:
             fail(f"{key} must be in [0, 1), got {values[key]!r}")
     d, m, t, dec = config.data, config.model, config.train, config.decode
     check_data(d, fail)
-    if d.max_len >= m.max_positions:  # a target of max_len pieces is max_len + 1 with BOS
+    # A target of max_len pieces is max_len + 1 with BOS; a source, plus its prefix pieces
+    # (a target-language token, a corpus tag).
+    prefix = max([1] + [len(d.source_prefix(c)) for c in d.corpora()])
+    if d.max_len >= m.max_positions:
         fail(f"data.max_len {d.max_len} must be below model.max_positions {m.max_positions}")
+    if d.max_len + prefix > m.max_positions:
+        fail(
+            f"data.max_len {d.max_len} must be at most model.max_positions {m.max_positions} "
+            f"less {prefix}, the pieces put before a source (a target-language token, a tag)"
+        )
     if m.d_head < 0:
         fail(f"model.d_head must be 0 (d_model / n_heads) or more, got {m.d_head}")
     if not m.d_head and m.d_model % m.n_heads:

@@ -56,6 +56,15 @@ DecodeSet = Annotated[
     Optional[list[str]],  # noqa: UP045
     typer.Option("--set", help="Override a decode setting: decode.KEY=VALUE (repeatable)."),
 ]
+To = Annotated[
+    str,
+    typer.Option(
+        "--to",
+        help="Output language of a multilingual model (a line starting with a language token "
+        "keeps it).",
+        show_default=False,
+    ),
+]
 
 
 def user_errors(fn):
@@ -174,6 +183,7 @@ def translate(
     input_format: InputFormat = "text",
     device: Device = "auto",
     int8: Int8 = False,
+    to: To = "",
     attention: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(help="Write DIR/NNNN.png: each line's cross-attention (needs matplotlib)."),
@@ -203,6 +213,7 @@ def translate(
         attention=pictures,
         int8=int8,
         input_format=input_format,
+        to=to,
     )
 
 
@@ -227,6 +238,7 @@ def eval_(
     device: Device = "auto",
     json: Annotated[bool, typer.Option("--json", help="One JSON object for pipelines.")] = False,
     int8: Int8 = False,
+    to: To = "",
 ) -> None:
     """Translate and score with sacrebleu: corpus BLEU and chrF, with signatures."""
     from cli.commands.evaluate import run_eval
@@ -235,7 +247,7 @@ def eval_(
     if limit < 0:
         raise InputError(f"--limit must be 0 (all) or more, got {limit}")
     overrides = decode_overrides(beam, greedy, None, lenpen, set_ or [])
-    typer.echo(run_eval(runs, src, ref, hyp, overrides, device, limit, json, int8))
+    typer.echo(run_eval(runs, src, ref, hyp, overrides, device, limit, json, int8, to))
 
 
 @app.command()
@@ -267,8 +279,10 @@ def serve(
             help="Searches side by side, sharing the cores (0: up to 4 on CPUs, 1 on GPUs)."
         ),
     ] = 0,
+    to: To = "",
 ) -> None:
-    """Translate over HTTP: POST /translate {"text": [...], "beam": 5}, GET /health, a page at /."""
+    """Translate over HTTP: POST /translate {"text": [...], "beam": 5, "to": "en"}, GET /health,
+    a page at /."""
     from cli.commands.serve import Limits, run_serve
     from cli.inference.decoding import decode_overrides
 
@@ -276,7 +290,7 @@ def serve(
         raise InputError(f"--max-wait must be 0 or more, got {max_wait}")
     overrides = decode_overrides(beam, False, None, None, set_ or [])
     limits = Limits(max_lines, max_wait / 1000, max_queue, timeout, workers)
-    run_serve(run, host, port, overrides, device, int8, limits)
+    run_serve(run, host, port, overrides, device, int8, limits, to)
 
 
 @app.command()
@@ -334,13 +348,14 @@ def distill(
             help="Translate this corpus's sources instead (repeatable).", show_default=False
         ),
     ] = None,
+    to: To = "",
 ) -> None:
     """Sequence-level distillation data: the teacher translates its training sources."""
     from cli.commands.distill import run_distill
     from cli.inference.decoding import decode_overrides
 
     overrides = decode_overrides(beam, False, None, lenpen, set_ or [])
-    typer.echo(run_distill(teacher, out, overrides, device, corpus or []))
+    typer.echo(run_distill(teacher, out, overrides, device, corpus or [], to))
 
 
 @app.command()
@@ -356,13 +371,14 @@ def backtranslate(
     lenpen: Lenpen = None,
     set_: DecodeSet = None,
     device: Device = "auto",
+    to: To = "",
 ) -> None:
     """Synthetic pairs from monolingual text: a reverse model translates it (resumable)."""
     from cli.commands.backtranslate import run_backtranslate
     from cli.inference.decoding import decode_overrides
 
     overrides = decode_overrides(beam, greedy, None, lenpen, set_ or [])
-    typer.echo(run_backtranslate(run, mono, out, overrides, device))
+    typer.echo(run_backtranslate(run, mono, out, overrides, device, to))
 
 
 @app.command()

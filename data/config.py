@@ -15,10 +15,20 @@ from data.errors import InputError
 
 
 @dataclass
-class CorpusConfig:
-    """One training corpus of a mix (`data.train` as a list)."""
+class SetConfig:
+    """A parallel corpus read in one direction: a dev or test set of a list (`data.dev`)."""
 
     corpus: str  # any spec: PREFIX, .tsv, .jsonl, hf:NAME[:CFG][@SPLIT], bundled:NAME/SPLIT
+    # Its languages as its files name them (suffixes, TSV header, JSON keys); "": data.*'s.
+    src_lang: str = ""
+    tgt_lang: str = ""
+    reverse: bool = False  # read it the other way round: tgt_lang -> src_lang
+
+
+@dataclass
+class CorpusConfig(SetConfig):
+    """One training corpus of a mix (`data.train` as a list)."""
+
     weight: float = 1.0  # its pairs are seen `weight` times per epoch (a fraction: a subset)
     tag: str = ""  # a reserved piece put before every source sentence of it, e.g. "<bt>"
 
@@ -33,10 +43,16 @@ class DataConfig:
     # (the sum of weight x pairs). 1: the weights as given; above 1 small corpora gain (5 is
     # the paper's choice for many languages); RUN/data.json gives each corpus's share.
     temperature: float = 1.0
-    dev: str = "bundled:bible-es-en/dev"
-    test: str = "bundled:bible-es-en/test"
+    # A corpus spec read as src_lang -> tgt_lang, or a list of sets with their directions,
+    # [{corpus: SPEC}, {corpus: SPEC, reverse: true}]: each direction is validated on its own.
+    dev: str | list[SetConfig] = "bundled:bible-es-en/dev"
+    test: str | list[SetConfig] = "bundled:bible-es-en/test"
     src_lang: str = "es"
     tgt_lang: str = "en"
+    # A run whose corpora have more than one target language is multilingual: every source
+    # starts with the token of its target language, this with {lang} filled in ("<2en>";
+    # ">>{lang}<<" gives OPUS-MT's ">>en<<"), one reserved piece per language.
+    lang_token: str = "<2{lang}>"
     # The SentencePiece model a run trains (unless `tokenizer` names one to use).
     vocab_size: int = 8000
     tokenizer_type: Literal["bpe", "unigram"] = "bpe"
@@ -60,9 +76,52 @@ class DataConfig:
         """`train` as a list: a single spec is one corpus of weight 1, untagged."""
         return [CorpusConfig(self.train)] if isinstance(self.train, str) else list(self.train)
 
+    def dev_sets(self) -> list[SetConfig]:
+        return [SetConfig(self.dev)] if isinstance(self.dev, str) else list(self.dev)
+
+    def test_sets(self) -> list[SetConfig]:
+        return [SetConfig(self.test)] if isinstance(self.test, str) else list(self.test)
+
+    def languages(self, s: SetConfig) -> tuple[str, str]:
+        """The languages of `s`'s files: (source, target) before any reversing."""
+        return s.src_lang or self.src_lang, s.tgt_lang or self.tgt_lang
+
+    def direction(self, s: SetConfig) -> tuple[str, str]:
+        """(source, target) language of the pairs `s` gives, reversed if it says so."""
+        src, tgt = self.languages(s)
+        return (tgt, src) if s.reverse else (src, tgt)
+
+    def target_langs(self) -> list[str]:
+        """The target languages of the training corpora, each once, in order."""
+        return list(dict.fromkeys(self.direction(c)[1] for c in self.corpora()))
+
+    def lang_tokens(self) -> dict[str, str]:
+        """{language: its token} of a multilingual run (more than one target language); empty
+        for a run with one, whose sources need no token."""
+        langs = self.target_langs()
+        return {lang: lang_token(self.lang_token, lang) for lang in langs} if len(langs) > 1 else {}
+
+    def source_prefix(self, s: SetConfig) -> list[str]:
+        """The pieces put before each source of `s`: its target-language token (multilingual
+        runs), then its corpus tag."""
+        token = self.lang_tokens().get(self.direction(s)[1])
+        tag = getattr(s, "tag", "")
+        return [t for t in (token, tag) if t]
+
     def tags(self) -> list[str]:
-        """The tags of the training corpora, each once, in order (the tokenizer reserves them)."""
-        return list(dict.fromkeys(c.tag for c in self.corpora() if c.tag))
+        """The reserved source pieces, each once, in order (the tokenizer reserves them): the
+        target-language tokens, then the training corpora's tags."""
+        tags = [*self.lang_tokens().values(), *(c.tag for c in self.corpora() if c.tag)]
+        return list(dict.fromkeys(tags))
+
+
+def lang_token(form: str, lang: str) -> str:
+    return form.replace("{lang}", lang)
+
+
+def direction_name(direction: tuple[str, str]) -> str:
+    """How logs and metrics name a direction: "es-en"."""
+    return "-".join(direction)
 
 
 def check_trainable(d: DataConfig) -> None:
@@ -79,6 +138,7 @@ def check_trainable(d: DataConfig) -> None:
 # Pieces that mean something to some tokenizer: never a corpus tag.
 SPECIAL_PIECES = ("<s>", "</s>", "<pad>", "<unk>", "<mask>", "<cls>", "<sep>", "<bos>", "<eos>")
 _TAG = re.compile(r"<[^\s<>]+>|>>[^\s<>]+<<")
+_LANG = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def is_tag(tag: str) -> bool:
@@ -104,6 +164,31 @@ def check_data(d: DataConfig, fail: Callable[[str], None]) -> None:
         fail(f"data.vocab_size must be 8 or more, got {d.vocab_size}")
     if not 0 < d.character_coverage <= 1:
         fail(f"data.character_coverage must be in (0, 1], got {d.character_coverage}")
+    if "{lang}" not in d.lang_token or not is_tag(lang_token(d.lang_token, "xx")):
+        fail(
+            f"data.lang_token {d.lang_token!r} must hold {{lang}} and make a piece no text "
+            'holds: "<2{lang}>" or ">>{lang}<<"'
+        )
+    for name, sets in (("data.dev", d.dev), ("data.test", d.test)):
+        if isinstance(sets, list) and not sets:
+            fail(f"{name} is an empty list: name at least one set")
+    listed = [(corpus_name(d, i), c) for i, c in enumerate(d.corpora())]
+    listed += [(f"data.dev[{i}]", s) for i, s in enumerate(d.dev_sets())]
+    listed += [(f"data.test[{i}]", s) for i, s in enumerate(d.test_sets())]
+    for where, s in listed:
+        src, tgt = d.languages(s)
+        for lang in (src, tgt):
+            if not _LANG.fullmatch(lang):
+                fail(f"{where}: language {lang!r} must be a code of letters, digits, _ or -")
+        if src == tgt:
+            fail(f"{where}: source and target language are both {src!r}")
+    targets = d.target_langs()
+    for i, s in enumerate(d.dev_sets()):
+        if targets and d.direction(s)[1] not in targets:  # (an imported model's: no corpora)
+            fail(
+                f"data.dev[{i}] translates into {d.direction(s)[1]!r}, which no training corpus "
+                f"does ({', '.join(targets)})"
+            )
     for i, c in enumerate(d.corpora()):
         where = corpus_name(d, i)
         if not c.corpus.strip():

@@ -24,7 +24,14 @@ import numpy as np
 
 from data.batching import Batch, BatchIterator, RaggedConcat
 from data.clean import Reference, first_row_holding
-from data.config import DataConfig, check_trainable, corpus_name
+from data.config import (
+    CorpusConfig,
+    DataConfig,
+    SetConfig,
+    check_trainable,
+    corpus_name,
+    direction_name,
+)
 from data.corpus import encode_corpus, filter_pairs, load_corpus, token_ids
 from data.errors import InputError
 from data.files import write_json
@@ -56,12 +63,20 @@ class Batching:
 
 
 @dataclass
+class DevSet:
+    """The part of one dev set decoded for BLEU: its direction's sources and references."""
+
+    name: str  # its direction, "es-en"
+    src_ids: list[list[int]]  # the first sentences (their target-language token first)
+    refs: list[str]
+
+
+@dataclass
 class TrainingData:
     tokenizer: Tokenizer
     train: BatchIterator
-    dev_batches: list[Batch]
-    dev_src_ids: list[list[int]]  # the subset decoded for BLEU
-    dev_refs: list[str]
+    dev_batches: list[Batch]  # every dev set's pairs, for the loss
+    dev_sets: list[DevSet]  # one per direction validated, decoded for BLEU
     report: dict  # RUN/data.json: what each training corpus gave
 
 
@@ -97,9 +112,16 @@ def load_training_corpora(d: DataConfig, show_bars: bool = False) -> list[datase
     if show_bars:  # reading a large corpus takes a while: show it
         datasets.enable_progress_bars()
     try:
-        return [load_corpus(c.corpus, d.src_lang, d.tgt_lang) for c in d.corpora()]
+        return [load_set(d, c) for c in d.corpora()]
     finally:
         datasets.disable_progress_bars()
+
+
+def load_set(d: DataConfig, s: SetConfig) -> datasets.Dataset:
+    """The pairs of corpus `s` in its direction: read in its languages, its sides swapped when
+    it says `reverse` (es<->en needs one corpus listed twice)."""
+    ds = load_corpus(s.corpus, *d.languages(s))
+    return ds.rename_columns({"src": "tgt", "tgt": "src"}) if s.reverse else ds
 
 
 def joined(corpora: list[datasets.Dataset]) -> datasets.Dataset:
@@ -117,20 +139,28 @@ def batch_training_data(
 ) -> TrainingData:
     """Clean, encode and filter the training corpora (cached as memory-mapped ids) and batch
     their mix by the token budget; the dev set for loss and BLEU."""
-    dev = load_corpus(d.dev, d.src_lang, d.tgt_lang)
-    reference = None
-    if d.clean:  # no training pair may sit in the sets the run is scored on
-        reference = Reference.of([dev, load_corpus(d.test, d.src_lang, d.tgt_lang)])
+    devs = [(d.direction(s), load_set(d, s)) for s in d.dev_sets()]
     check_tags(d, corpora)
+    references = {}
+    if d.clean:  # no training pair may sit in the sets the run is scored on, in its direction
+        tests = [(d.direction(s), load_set(d, s)) for s in d.test_sets()]
+        for direction in {d.direction(c) for c in d.corpora()}:
+            held = [ds for way, ds in devs + tests if way == direction]
+            references[direction] = Reference.of(held)
     parts = []
+    several = len({d.direction(c) for c in d.corpora()}) > 1
     for spec, ds in zip(d.corpora(), corpora):
-        filters = Filters(d.clean, d.max_len, d.max_len_ratio, spec.tag or None)
-        parts.append(prepare_corpus(ds, tokenizer, filters, reference, spec.corpus, progress))
+        filters = Filters(d.clean, d.max_len, d.max_len_ratio, tuple(d.source_prefix(spec)))
+        reference = references.get(d.direction(spec))
+        name = f"{spec.corpus} ({direction_name(d.direction(spec))})" if several else spec.corpus
+        parts.append(prepare_corpus(ds, tokenizer, filters, reference, name, progress))
     kept = [p.counts["kept"] for p in parts]
     weights = sampled_weights(kept, [spec.weight for spec in d.corpora()], d.temperature)
     report = []
     for i, (spec, prepared, weight) in enumerate(zip(d.corpora(), parts, weights)):
         report.append(corpus_report(spec, prepared.counts, weight))
+        if several:
+            report[-1]["direction"] = direction_name(d.direction(spec))
         if report[-1]["per_epoch"] == 0:
             raise InputError(
                 f"{corpus_name(d, i)} ({spec.corpus}): weight {weight:g} of its {kept[i]} "
@@ -158,8 +188,8 @@ def batch_training_data(
         pad_multiple=d.pad_multiple,
         **special,
     )
-    dev_batches, src_ids, refs = dev_sets(d, b, tokenizer, dev, special)
-    return TrainingData(tokenizer, train, dev_batches, src_ids, refs, {"corpora": report})
+    dev_batches, sets = dev_sets(d, b, tokenizer, devs, special)
+    return TrainingData(tokenizer, train, dev_batches, sets, {"corpora": report})
 
 
 def check_tags(d: DataConfig, corpora: list[datasets.Dataset]) -> None:
@@ -213,13 +243,33 @@ def corpus_report(spec, counts: dict, weight: float | None = None) -> dict:
 
 
 def dev_sets(
-    d: DataConfig, b: Batching, tokenizer: Tokenizer, dev: datasets.Dataset, special: dict
-) -> tuple[list[Batch], list[list[int]], list[str]]:
-    """Dev batches for the loss (the pairs the model can take) and the first sentences, raw, for
-    BLEU as `tf eval` computes it."""
+    d: DataConfig,
+    b: Batching,
+    tokenizer: Tokenizer,
+    devs: list[tuple[tuple[str, str], datasets.Dataset]],
+    special: dict,
+) -> tuple[list[Batch], list[DevSet]]:
+    """Dev batches for the loss (the pairs the model can take, of every set) and, per
+    direction, the first sentences of each of its sets, raw, for BLEU as `tf eval` computes it.
+    A multilingual run's sources start with their target-language token, as `tf translate --to`
+    puts it."""
     limit = b.max_positions
-    dev_encoded = encode_corpus(dev, tokenizer)
-    dev_fit, _ = filter_pairs(dev_encoded, max_len=limit - 1, name=d.dev)
+    tokens = d.lang_tokens()
+    fit, sets = [], {}
+    for (direction, dev), spec in zip(devs, d.dev_sets()):
+        if tokens:  # (check_data: every dev set's target language is one of theirs)
+            head = tokens[direction[1]] + " "
+            dev = dev.map(lambda row, head: {"src": head + row["src"]}, fn_kwargs={"head": head})
+        encoded = encode_corpus(dev, tokenizer)
+        fit.append(filter_pairs(encoded, max_len=limit - 1, name=spec.corpus)[0])
+        n = min(b.eval_bleu_sentences or len(dev), len(dev))
+        first = encoded.select(range(n))["src_ids"]
+        src_ids = [tokenizer.truncate_src(ids, limit) for ids in first]
+        name = direction_name(direction)  # two sets of one direction are scored as one
+        part = sets.setdefault(name, DevSet(name, [], []))
+        part.src_ids += src_ids
+        part.refs += dev.select(range(n))["tgt"]
+    dev_fit = joined(fit)
     dev_batches = BatchIterator(
         token_ids(dev_fit, "src_ids"),
         token_ids(dev_fit, "tgt_ids"),
@@ -230,10 +280,7 @@ def dev_sets(
         pad_multiple=d.pad_multiple,
         **special,
     )
-    n = min(b.eval_bleu_sentences or len(dev), len(dev))
-    first = dev_encoded.select(range(n))["src_ids"]
-    src_ids = [tokenizer.truncate_src(ids, limit) for ids in first]
-    return list(dev_batches), src_ids, list(dev.select(range(n))["tgt"])
+    return list(dev_batches), list(sets.values())
 
 
 # ------------------------------------------------------------------------ the run's tokenizer
@@ -317,10 +364,20 @@ def tokenizer_settings(d: DataConfig, corpus: datasets.Dataset) -> dict[str, Any
         "vocab_size": d.vocab_size,
         "joint_vocab": d.joint_vocab,
         "character_coverage": d.character_coverage,
-        "corpus": d.train if isinstance(d.train, str) else [asdict(c) for c in d.corpora()],
+        "corpus": d.train if isinstance(d.train, str) else [settings_of(c) for c in d.corpora()],
         "corpus_fingerprint": corpus._fingerprint,  # the corpus's content, through `datasets`
         **({"tags": d.tags()} if d.tags() else {}),  # (absent for untagged runs, as before tags)
     }
+
+
+def settings_of(c: CorpusConfig) -> dict[str, Any]:
+    """A corpus entry as a tokenizer's settings record it: the direction fields only where
+    set, so that a run from before directions existed keeps its tokenizer."""
+    fields = asdict(c)
+    for key in ("src_lang", "tgt_lang", "reverse"):
+        if not fields[key]:
+            del fields[key]
+    return fields
 
 
 def tokenizer_sample(n: int, seed: int) -> np.ndarray | None:

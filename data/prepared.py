@@ -81,7 +81,7 @@ class Filters:
     clean: bool  # the text rules of data.clean
     max_len: int | None  # longest side kept, in pieces
     max_len_ratio: float | None  # largest longer/shorter ratio kept
-    tag: str | None = None  # a tag id prepended to every source
+    tags: tuple[str, ...] = ()  # reserved pieces put before every source, in order
 
 
 def prepare_corpus(
@@ -97,7 +97,7 @@ def prepare_corpus(
 
     Args:
         ds: columns "src" and "tgt" (as from `data.corpus.load_corpus`).
-        tokenizer: encodes the sides; `filters.tag` must be one of its tags.
+        tokenizer: encodes the sides; `filters.tags` must be among its tags.
         filters: the rules to apply.
         reference: the dev/test sets for the overlap rule (needed when `filters.clean`).
         name: names the corpus in messages (its spec).
@@ -106,10 +106,10 @@ def prepare_corpus(
     Raises:
         InputError: no pair is left, or the tag is unknown to the tokenizer.
     """
-    tag_id = tokenizer.tag_id(filters.tag) if filters.tag else None
+    tag_ids = [tokenizer.tag_id(tag) for tag in filters.tags]
     directory = _cache_dir(ds, tokenizer, filters, reference)
     if not (directory / "counts.json").is_file():
-        _write(ds, tokenizer, filters, reference, tag_id, name, directory, progress)
+        _write(ds, tokenizer, filters, reference, tag_ids, name, directory, progress)
     counts = json.loads((directory / "counts.json").read_text(encoding="utf-8"))
     dtype = np.dtype(counts["dtype"])
     return Prepared(_load(directory, "src", dtype), _load(directory, "tgt", dtype), counts)
@@ -127,7 +127,7 @@ def _cache_dir(
     return Path(datasets.config.HF_DATASETS_CACHE) / "tf-ids" / hashed.hexdigest()[:32]
 
 
-def _write(ds, tokenizer, filters, reference, tag_id, name, directory, progress) -> None:
+def _write(ds, tokenizer, filters, reference, tag_ids, name, directory, progress) -> None:
     """Clean, encode, filter and write the files of one corpus, atomically (a folder renamed
     into place: a killed start leaves no half-written cache behind)."""
     read = len(ds)
@@ -143,7 +143,7 @@ def _write(ds, tokenizer, filters, reference, tag_id, name, directory, progress)
     dtype = _id_dtype(tokenizer)
     log.info("encoding %s: %d pairs", name, int(keep.sum()))
     kept, token_removed = _encode_to_files(
-        ds, keep, tokenizer, filters, tag_id, name, partial, progress, dtype
+        ds, keep, tokenizer, filters, tag_ids, name, partial, progress, dtype
     )
     for rule, n in token_removed.items():  # "empty" is both kinds' (see _token_rules)
         removed[rule] = removed.get(rule, 0) + n
@@ -169,14 +169,14 @@ def _id_dtype(tokenizer: Tokenizer) -> type:
 
 
 def _encode_to_files(
-    ds, keep, tokenizer, filters, tag_id, name, out: Path, progress, dtype
+    ds, keep, tokenizer, filters, tag_ids, name, out: Path, progress, dtype
 ) -> tuple[int, dict]:
     """Encode the pairs of `ds` that `keep` marks in blocks, drop those the token rules refuse,
     append the rest to the id files; returns (pairs kept, {rule: pairs removed})."""
     removed = dict.fromkeys(TOKEN_RULES, 0)
     bar = progress(f"encoding {name}", int(keep.sum()))
     lengths = {"src": [], "tgt": []}
-    encoder = _Encoder(tokenizer, filters, tag_id, dtype)
+    encoder = _Encoder(tokenizer, filters, tag_ids, dtype)
     with open(out / "src.ids", "wb") as src_file, open(out / "tgt.ids", "wb") as tgt_file:
         for block in _encoded_blocks(_text_blocks(ds, keep), int(keep.sum()), encoder):
             block.src.tofile(src_file)
@@ -209,7 +209,7 @@ class _Block:
 class _Encoder:
     tokenizer: Tokenizer
     filters: Filters
-    tag_id: int | None
+    tag_ids: list[int]
     dtype: type
 
     def __call__(self, src_texts: pa.Array, tgt_texts: pa.Array) -> _Block:
@@ -223,8 +223,8 @@ class _Encoder:
         keep = _token_rules(src, tgt, self.filters, removed, blank)
         src = [row for row, k in zip(src, keep) if k]
         tgt = [row for row, k in zip(tgt, keep) if k]
-        if self.tag_id is not None:
-            src = [[self.tag_id, *row] for row in src]
+        if self.tag_ids:
+            src = [[*self.tag_ids, *row] for row in src]
         return _Block(*_flat(src, self.dtype), *_flat(tgt, self.dtype), removed, len(keep))
 
 

@@ -26,6 +26,7 @@ JOINT_MODEL = "joint.model"
 TOKENIZER_SETTINGS = "settings.json"  # beside the model(s): what they were trained with
 SRC_MODEL = "src.model"
 TGT_MODEL = "tgt.model"
+SPACE = "\u2581"  # SentencePiece's escaped space, the "▁" piece
 MODEL_TYPES = ("bpe", "unigram")
 THREADS = os.cpu_count() or 1  # SentencePiece encodes a list of sentences in parallel
 
@@ -219,27 +220,23 @@ class Tokenizer:
         )
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
-        """Source sentences to piece ids; no BOS/EOS added. A sentence that starts with one of
-        the tokenizer's tags (`<bt> text`) starts with that tag's id, as the training pairs of a
-        tagged corpus do (SentencePiece alone would put a lone "▁" piece before it)."""
-        texts = list(texts)
-        if not self.tags:
-            return self._src.encode(texts, out_type=int, num_threads=self.threads)
-        split = [self._split_tag(text) for text in texts]
-        bodies = [body for _, body in split]
-        ids = self._src.encode(bodies, out_type=int, num_threads=self.threads)
-        return [row if head is None else [head, *row] for (head, _), row in zip(split, ids)]
+        """Source sentences to piece ids; no BOS/EOS added. A tag (`<bt> text`, `<2en> <bt>
+        text`) is its id alone: SentencePiece puts a lone "▁" piece before each, which the
+        training pairs of a tagged corpus or a multilingual run never have (their tag ids are
+        put before the encoded text), so it goes (an exported tokenizer does the same)."""
+        ids = self._src.encode(list(texts), out_type=int, num_threads=self.threads)
+        space = self._src.piece_to_id(SPACE)
+        if not self.tags or space == self.unk_id:
+            return ids
+        tags = set(self.tags.values())
+        return [
+            [i for i, after in zip(row, row[1:] + [None]) if not (i == space and after in tags)]
+            for row in ids
+        ]
 
     def truncate_src(self, ids: list[int], max_len: int) -> list[int]:
         """A source's ids cut to `max_len` (Marian's keep their final EOS)."""
         return list(ids[:max_len])
-
-    def _split_tag(self, text: str) -> tuple[int | None, str]:
-        """(the id of the tag `text` starts with, or None; the text after it)."""
-        words = text.split(maxsplit=1)
-        if words and words[0] in self.tags:
-            return self.tags[words[0]], words[1] if len(words) > 1 else ""
-        return None, text
 
     def tag_id(self, tag: str) -> int:
         """The id of a reserved tag piece; InputError if the tokenizer was trained without it."""

@@ -9,7 +9,18 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 @pytest.mark.parametrize(
     "name",
-    ["tiny", "demo", "demo-fp32", "small", "base", "big", "student", "backtranslate", "finetune"],
+    [
+        "tiny",
+        "demo",
+        "demo-fp32",
+        "small",
+        "base",
+        "big",
+        "student",
+        "backtranslate",
+        "finetune",
+        "bidirectional",
+    ],
 )
 def test_shipped_configs_load(name):
     config = load_config(CONFIGS / f"{name}.yaml")

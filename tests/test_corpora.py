@@ -123,7 +123,7 @@ def test_the_tag_is_one_reserved_piece_at_the_start_of_every_tagged_source(
     assert ids[0] == [tag, *ids[1]] and ids[2] == [tag]
     assert tok.src_id_pieces([tag]) == ["<bt>"]
     ds = load_corpus(tiny_prefix, "es", "en")
-    filters = Filters(clean=False, max_len=500, max_len_ratio=None, tag="<bt>")
+    filters = Filters(clean=False, max_len=500, max_len_ratio=None, tags=("<bt>",))
     tagged = prepare_corpus(ds, tok, filters, None, "tiny")
     plain = prepare_corpus(ds, tok, Filters(False, 500, None), None, "tiny")
     assert isinstance(tagged.src.values, np.memmap)  # read through the page cache
@@ -132,7 +132,7 @@ def test_the_tag_is_one_reserved_piece_at_the_start_of_every_tagged_source(
         assert tagged.src[i].tolist() == [tag, *plain.src[i].tolist()]
         assert tagged.tgt[i].tolist() == plain.tgt[i].tolist()
     with pytest.raises(Exception, match="no tag '<nt>'"):
-        prepare_corpus(ds, tok, Filters(False, 500, None, "<nt>"), None, "tiny")
+        prepare_corpus(ds, tok, Filters(False, 500, None, ("<nt>",)), None, "tiny")
 
 
 def test_cleaning_and_encoding_run_once_then_come_from_the_cache(
@@ -253,7 +253,7 @@ def test_a_pool_of_processes_encodes_exactly_as_one_process(
     the counts must be those of encoding in one process."""
     ds = load_corpus(tiny_prefix, "es", "en")
     ds = datasets.concatenate_datasets([ds, ds.select(range(0, 40, 3))])  # duplicates to clean
-    filters = Filters(clean=True, max_len=40, max_len_ratio=1.5, tag="<bt>")
+    filters = Filters(clean=True, max_len=40, max_len_ratio=1.5, tags=("<bt>",))
     one = prepare_corpus(ds, tagged_tokenizer, filters, None, "tiny")
     threads, pools = tagged_tokenizer.threads, []
 

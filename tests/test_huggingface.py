@@ -165,7 +165,12 @@ def test_fast_tokenizers_of_other_sentencepiece_models(tiny_prefix, tmp_path, ki
     write_tokenizer(tok, tmp_path / "hf", 256)
     fast = AutoTokenizer.from_pretrained(tmp_path / "hf")
     sp = spm.SentencePieceProcessor(model_file=str(tok.model_paths()[0]))
-    lines = src + tgt + ["x<bt>y <bt> z", "日本語 😀", "  a  ", ""]
+    lines = src + tgt + ["日本語 😀", "  a  ", ""]
     assert fast(lines)["input_ids"] == [sp.encode(line) for line in lines]
+    # A tag is its id alone, wherever it stands, as tf encodes it (SentencePiece would put a
+    # lone "▁" before it, which no training pair has).
+    tagged = ["x<bt>y <bt> z", "<bt> a", " <bt>  <bt> b", "<bt>"]
+    assert fast(tagged)["input_ids"] == tok.encode_src(tagged)
+    assert tok.encode_src(["<bt> a"])[0] == [tok.tags["<bt>"], *sp.encode("a")]
     ids = [sp.encode(line) for line in lines]
     assert fast.batch_decode(ids, skip_special_tokens=True) == [sp.decode(i) for i in ids]

@@ -30,13 +30,14 @@ from data.text import read_file_lines
 
 
 def run_backtranslate(
-    run: str, mono: Path, out: Path, overrides: list[str], device_name: str
+    run: str, mono: Path, out: Path, overrides: list[str], device_name: str, to: str = ""
 ) -> str:
-    """Translate MONO with the reverse model RUN into OUT (see the module docstring)."""
+    """Translate MONO with the reverse model RUN (a multilingual one's into `to`) into OUT (see
+    the module docstring)."""
     lines = [" ".join(line.split()) for line in read_file_lines(mono)]
     if not any(lines):  # else "0 pairs" now, and a corpus that training refuses later
         raise InputError(f"{mono}: no text to back-translate (empty, or blank lines only)")
     device = pick_device(device_name)
-    engine = load_engine(run, device, overrides)
+    engine = load_engine(run, device, overrides, to=to)
     extra = {"monolingual": str(mono)}  # for the reader: the sources' digest identifies them
     return translate_corpus(engine, run, device, lines, out, "backtranslate", extra)

@@ -19,18 +19,25 @@ from pathlib import Path
 from cli.device import pick_device
 from cli.inference.bulk import translate_corpus
 from cli.inference.engines import load_engine
-from data.config import CorpusConfig
-from data.corpus import load_corpus
+from data.config import CorpusConfig, DataConfig
 from data.errors import InputError
+from data.pipeline import load_set
 
 
 def run_distill(
-    teacher: str, out: Path, overrides: list[str], device_name: str, corpora: list[str] = ()
+    teacher: str,
+    out: Path,
+    overrides: list[str],
+    device_name: str,
+    corpora: list[str] = (),
+    to: str = "",
 ) -> str:
     """Translate the teacher's training sources, or those of `corpora`, into OUT (see the
-    module docstring)."""
+    module docstring); a multilingual teacher's into the language `to`, from the sources of
+    its corpora into that language."""
     device = pick_device(device_name)
-    engine = load_engine(teacher, device, overrides)
+    engine = load_engine(teacher, device, overrides, to=to)
+    engine.direction("tf distill")  # a multilingual teacher needs --to: before any reading
     d = engine.config.data
     if corpora:
         d = replace(d, train=[CorpusConfig(spec) for spec in corpora])
@@ -40,17 +47,21 @@ def run_distill(
             "to translate with --corpus SPEC (the corpus the student will learn from)"
         )
     specs = [c.corpus for c in d.corpora()]
-    sources = training_sources(d)
+    sources = training_sources(d, engine.to)
     return translate_corpus(engine, teacher, device, sources, out, "distill", {"corpus": specs})
 
 
-def training_sources(d) -> list[str]:
-    """The teacher's training sources, corpus after corpus, each once; a tagged corpus's lines
-    start with its tag, as the teacher saw them. One sentence a line: a line break inside a hub
-    dataset's sentence becomes a space."""
+def training_sources(d: DataConfig, to: str = "") -> list[str]:
+    """The teacher's training sources, corpus after corpus, each once, each in its direction; a
+    tagged corpus's lines start with its tag, as the teacher saw them (the target-language
+    token is the engine's to put: --to). A multilingual teacher's corpora into `to` alone. One
+    sentence a line: a line break inside a hub dataset's sentence becomes a space."""
     sources = []
-    for c in d.corpora():
+    chosen = [c for c in d.corpora() if not d.lang_tokens() or d.direction(c)[1] == to]
+    if not chosen:
+        raise InputError(f"--to {to}: none of the teacher's corpora translates into it")
+    for c in chosen:
         head = f"{c.tag} " if c.tag else ""
-        for text in load_corpus(c.corpus, d.src_lang, d.tgt_lang)["src"]:
+        for text in load_set(d, c)["src"]:
             sources.append(head + " ".join(text.splitlines()))
     return sources

@@ -24,6 +24,7 @@ def run_eval(
     limit: int,
     as_json: bool,
     int8: bool = False,
+    to: str = "",
 ) -> str:
     """Translate `src` with the run's model (or read `hyp`) and score it against `ref`; each may
     be a pipe (`--ref <(cmd)`), read once."""
@@ -42,7 +43,7 @@ def run_eval(
             raise InputError("tf eval needs RUN and --src, or --hyp")
         srcs = read_file_lines(src)
         check_parallel(src, srcs, ref, refs)
-        engine = load_engine(run, pick_device(device_name), overrides, int8)
+        engine = load_engine(run, pick_device(device_name), overrides, int8, to)
         if limit:
             srcs, refs = srcs[:limit], refs[:limit]
         out = engine.stream(srcs, str(src))

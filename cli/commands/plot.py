@@ -17,6 +17,7 @@ Record = dict[str, Any]
 
 TRAIN_STYLE = dict(linewidth=1.2)
 DEV_STYLE = dict(marker="o", markersize=4, linewidth=1.2)  # few points: show each one
+DIRECTION_STYLE = dict(marker=".", markersize=3, linewidth=0.8, linestyle="--")  # multilingual
 
 
 def read_metrics(path: Path) -> tuple[list[Record], list[Record]]:
@@ -61,7 +62,7 @@ def plot_curves(run_dir: Path, out_png: Path) -> Path:
     """Draw a run's curves into one PNG of four panels, all against the training step.
 
     Panels: loss (train label-smoothed loss and NLL, dev loss); perplexity (train and dev, log
-    scale); dev BLEU and chrF; learning rate.
+    scale); dev BLEU and chrF (a multilingual run's per direction too); learning rate.
 
     Args:
         run_dir: the run directory, holding metrics.jsonl.
@@ -92,10 +93,17 @@ def plot_curves(run_dir: Path, out_png: Path) -> Path:
         [(train, "ppl", "train", TRAIN_STYLE), (dev, "dev_ppl", "dev", DEV_STYLE)],
     )
     ppl.set_yscale("log")
+    directions = list(dict.fromkeys(k.split("/", 1)[1] for r in dev for k in r if "/" in k))
+    mean = " (mean of the directions)" if directions else ""
     draw_series(
         scores,
         "dev BLEU / chrF",
-        [(dev, "dev_bleu", "BLEU", DEV_STYLE), (dev, "dev_chrf", "chrF", DEV_STYLE)],
+        [(dev, "dev_bleu", f"BLEU{mean}", DEV_STYLE), (dev, "dev_chrf", f"chrF{mean}", DEV_STYLE)]
+        + [
+            (dev, f"dev_{name}/{d}", f"{label} {d}", DIRECTION_STYLE)
+            for d in directions
+            for name, label in (("bleu", "BLEU"), ("chrf", "chrF"))
+        ],
     )
     draw_series(lr, "learning rate", [(train, "lr", "lr", TRAIN_STYLE)])
     lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))

@@ -54,15 +54,17 @@ def run_serve(
     device_name: str,
     int8: bool,
     limits: Limits,
+    to: str = "",
 ) -> None:
-    """The `tf serve` command: load RUN, then answer HTTP requests until Ctrl-C."""
+    """The `tf serve` command: load RUN, then answer HTTP requests until Ctrl-C; `to`: a
+    multilingual model's output language for requests that name none."""
     try:
         import uvicorn
     except ImportError:
         raise InputError("tf serve needs its server: pip install 'tf[serve]'") from None
     check_options(port, limits)
     device = pick_device(device_name)
-    engine = load_engine(run, device, overrides, int8)
+    engine = load_engine(run, device, overrides, int8, to)
     workers, threads = search_workers(device, limits.workers, own_threads=engine.model is None)
     limits = replace(limits, workers=workers, threads=threads)
     app = build_app(engine, run, engine_kind(engine, int8), limits, read_page())

@@ -82,7 +82,7 @@ def report_data(report: dict, run: RunDir) -> None:
         sampled = f", {c['sampled_weight']:.3g} after temperature" if "sampled_weight" in c else ""
         log.info(
             "%s: read %d, removed %s; kept %d, %d per epoch (weight %g%s)",
-            c["spec"],
+            f"{c['spec']} ({c['direction']})" if "direction" in c else c["spec"],
             c["read"],
             removed,
             c["kept"],

@@ -42,18 +42,19 @@ def run_translate(
     attention: AttentionOptions | None = None,
     int8: bool = False,
     input_format: str = "text",
+    to: str = "",
 ) -> None:
     """The `tf translate` command: stdin/FILE (or a pipe, `-i <(cmd)`) to stdout/FILE, with the
     run's decode settings changed by `overrides` (`decode.KEY=VALUE`); RUN may be an exported
     CTranslate2 directory; `int8` runs the PyTorch model's linear layers in dynamic int8; with
     `attention`, also a heatmap of the cross-attention of each line's best translation
-    (`cli.inference.heatmaps`)."""
+    (`cli.inference.heatmaps`); `to`, a multilingual model's output language."""
     from tqdm import tqdm
 
     from cli.inference.heatmaps import prepare_attention, write_attention  # matplotlib: optional
 
     check_arguments(input_path, output_path, input_format)
-    engine = load_engine(run, pick_device(device_name), overrides, int8)
+    engine = load_engine(run, pick_device(device_name), overrides, int8, to)
     tokenizer, config = engine.tokenizer, engine.config
     if attention is not None:
         if not isinstance(engine.model, Transformer) or int8:

@@ -5,16 +5,17 @@ MarianTokenizer appends an EOS to every source, with no way to turn that off, an
 take sources without one: a model given the extra token translates differently (a `small` of
 130 updates: 35 of the first 100 test lines as `tf translate --greedy`; with this tokenizer, all
 100 when the length limit is one number, and every line tf ends before its limit otherwise).
-One case is tf's own: a source that starts with a reserved tag ("<bt> text") gets the tag's id
-without the "▁" SentencePiece puts before it. A fast tokenizer built from the same
+One case is tf's own: a reserved tag ("<bt> text", a multilingual model's "<2en> text") is the
+tag's id without the "▁" SentencePiece puts before it. A fast tokenizer built from the same
 SentencePiece model, with no post-processor, gives the model exactly what `tf` gives it, so
 `AutoTokenizer` and `generate` need no extra lines. Built with `tokenizers` itself, following
 the model's own settings, as SentencePiece encodes:
 
 - normalizer: the model's precompiled character map (nmt_nfkc), then its whitespace rules:
   leading, trailing and repeated spaces removed, spaces escaped as "▁", the "▁" dummy prefix;
-- pre-tokenizer: the dummy prefix, and the user-defined pieces (a corpus's tags, "<bt>")
-  isolated, which SentencePiece always emits whole;
+- pre-tokenizer: the dummy prefix, the "▁" before each user-defined piece (a corpus's tag
+  "<bt>", a target-language token "<2en>") removed, as `Tokenizer.encode_src` does, and those
+  pieces isolated, which SentencePiece always emits whole;
 - model: BPE with every split of each piece ranked by that piece's score (SentencePiece merges
   the adjacent pair whose union scores best), or Unigram with the pieces' scores, where the
   special, unknown and byte pieces are never chosen while characters can spell the text
@@ -105,7 +106,8 @@ def bpe_merges(pieces) -> list[tuple[str, str]]:
 
 
 def pre_tokenizer(spec, user_defined: list[str]):
-    """The dummy prefix, then each user-defined piece cut out whole (longest first)."""
+    """The dummy prefix, then each user-defined piece cut out whole (longest first), without
+    the "▁" before it."""
     from tokenizers import Regex, pre_tokenizers
 
     steps = []
@@ -115,6 +117,7 @@ def pre_tokenizer(spec, user_defined: list[str]):
         )
     if user_defined:
         pattern = "|".join(re.escape(p) for p in sorted(user_defined, key=len, reverse=True))
+        steps.append(pre_tokenizers.Split(Regex(f"▁(?={pattern})"), behavior="removed"))
         steps.append(pre_tokenizers.Split(Regex(pattern), behavior="isolated"))
     return pre_tokenizers.Sequence(steps)
 

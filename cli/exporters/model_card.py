@@ -50,9 +50,13 @@ def model_card(
     """README.md for the exported directory: Hub metadata, then the card itself. `imported`:
     the checkpoint's record of `tf import` (a pretrained model exported again)."""
     d = config.data
+    langs = list(dict.fromkeys(lang for c in d.corpora() for lang in d.direction(c)))
+    langs = langs or [d.src_lang, d.tgt_lang]
+    tokens = d.lang_tokens()
+    title = "multilingual" if tokens else f"{d.src_lang}→{d.tgt_lang}"
     metadata = [
         "---",
-        f"language:\n- {d.src_lang}\n- {d.tgt_lang}",
+        "language:\n" + "\n".join(f"- {lang}" for lang in langs),
         "library_name: transformers",
         "pipeline_tag: translation",
         "tags:\n- translation\n- marian\n- tf",
@@ -60,11 +64,13 @@ def model_card(
     ]
     sections = [
         "\n".join(metadata),
-        f"# {d.src_lang}→{d.tgt_lang} translation: a Transformer trained with `tf`",
+        f"# {title} translation ({', '.join(langs)}): a Transformer trained with `tf`",
         f"A Post-LN Transformer encoder-decoder ({model.num_parameters():,} parameters) "
         f"{origin(config, imported)}, exported as a `MarianMTModel`: "
         "it loads and runs as any Hugging Face translation model does.",
-        "## How to use\n\n" + usage(d.src_lang, isinstance(tokenizer, MarianTokenizer)),
+        "## How to use\n\n"
+        + usage(d.src_lang, isinstance(tokenizer, MarianTokenizer), next(iter(tokens.values()), ""))
+        + languages_note(tokens),
         "## Data\n\n" + data_section(config),
         "## Model and training\n\n" + shape_section(model, tokenizer, config, step),
         "## Evaluation\n\n" + scores_section(scores),
@@ -81,8 +87,9 @@ def origin(config: Config, imported: dict[str, Any] | None) -> str:
     return "trained from scratch with `tf`"
 
 
-def usage(src_lang: str, marian_tokenizer: bool = False) -> str:
+def usage(src_lang: str, marian_tokenizer: bool = False, token: str = "") -> str:
     example = "Y dijo Dios: Sea la luz." if src_lang == "es" else "..."
+    example = f"{token} {example}" if token else example
     return (
         "```python\n"
         "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer\n\n"
@@ -106,6 +113,17 @@ def usage(src_lang: str, marian_tokenizer: bool = False) -> str:
     )
 
 
+def languages_note(tokens: dict[str, str]) -> str:
+    """A multilingual model's sources start with the token of the language wanted."""
+    if not tokens:
+        return ""
+    listed = ", ".join(f"`{token}` ({lang})" for lang, token in tokens.items())
+    return (
+        "\n\nThe model is multilingual: start each source with the token of the language to "
+        f"translate into, {listed}, as `tf translate --to LANG` does."
+    )
+
+
 def data_section(config: Config) -> str:
     d = config.data
     if not d.corpora():
@@ -115,11 +133,19 @@ def data_section(config: Config) -> str:
         train = f"`{corpora}`"
     else:
         train = ", ".join(
-            f"`{x.corpus}` (weight {x.weight:g}{f', tag {x.tag}' if x.tag else ''})"
+            f"`{x.corpus}` ({'-'.join(d.direction(x))}, weight {x.weight:g}"
+            f"{f', tag {x.tag}' if x.tag else ''})"
             for x in corpora
         )
+
+    def sets(value, listed) -> str:
+        if isinstance(value, str):
+            return f"`{value}`"
+        return ", ".join(f"`{s.corpus}` ({'-'.join(d.direction(s))})" for s in listed)
+
     return (
-        f"- training: {train}\n- development: `{d.dev}`\n- test: `{d.test}`\n\n"
+        f"- training: {train}\n- development: {sets(d.dev, d.dev_sets())}\n"
+        f"- test: {sets(d.test, d.test_sets())}\n\n"
         "Corpus specs as `tf` reads them: `bundled:NAME/SPLIT` is a corpus shipped with `tf`, "
         "`hf:NAME` a Hugging Face dataset, anything else local files."
     )

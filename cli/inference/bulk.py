@@ -59,7 +59,8 @@ def translate_corpus(
     extra: dict[str, Any],
 ) -> str:
     """Translate `sources` (one sentence each) with `engine` (loaded from `model`) into the
-    corpus OUT/train (see the module docstring); `name` names the record (NAME.json) and the
+    corpus OUT/train (see the module docstring), its files named by the languages of the
+    engine's direction (`Engine.direction`); `name` names the record (NAME.json) and the
     progress bar, `extra` goes into the record beside what made the translations and a digest
     of the sources (a partial file of other sources is never continued): where the sources
     came from, for the reader (a path: never compared, the digest is).
@@ -73,8 +74,8 @@ def translate_corpus(
     # What was translated belongs to the record as much as what translated it.
     made_by = {**producer(model, engine, device), **extra, "sources_sha256": sha}
     ignored = IGNORED | set(extra)
-    d = engine.config.data
-    src_path, tgt_path = out / f"train.{d.src_lang}", out / f"train.{d.tgt_lang}"
+    src_lang, tgt_lang = engine.direction(f"tf {name}")
+    src_path, tgt_path = out / f"train.{src_lang}", out / f"train.{tgt_lang}"
     record = out / f"{name}.json"
     if src_path.is_file() and tgt_path.is_file():
         return already_made(record, src_path, tgt_path, made_by, len(sources), DONE[name], ignored)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -21,6 +21,7 @@ from cli.config import TF_CONFIG, Config, DecodeConfig, load_config, with_overri
 from cli.device import autocast_dtype
 from cli.exporters.ctranslate2 import is_ctranslate2_dir
 from cli.inference.decoding import Grouping, chunks, encode_sources, is_greedy, translate_ids
+from cli.inference.languages import check_to, target_languages, with_language
 from cli.inference.requests import Guide, Request, encode_guide
 from cli.training.checkpoint import CheckpointError, load_for_inference
 from data.errors import InputError
@@ -44,6 +45,45 @@ class Engine:
     config: Config  # the run's, with the command line's decode overrides
     search: Search
     model: Transformer | Ensemble | None = None  # the PyTorch model(s), when that is the engine
+    to: str = ""  # the output language (--to) of a multilingual model, unless a line says
+    # {language: its token} of a multilingual model; {} for a one-way one. From the config and
+    # the tokenizer, always (`replace` recomputes it).
+    languages: dict[str, str] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.languages = target_languages(self.config, self.tokenizer)
+
+    def choose(self, to: str, where: str = "--to") -> None:
+        """Translate into `to` (a multilingual model's lines that name no language)."""
+        check_to(to, self.languages, self.config, where)
+        self.to = to
+
+    def direction(self, command: str) -> tuple[str, str]:
+        """(source, target) language of what `command` makes (a corpus's file names): a
+        multilingual model's is into --to, which it needs, from the language its corpora
+        translate into that one from ("src" where several do).
+
+        Raises:
+            InputError: a multilingual model and no --to, naming its languages.
+        """
+        d = self.config.data
+        if not self.languages:
+            return d.src_lang, d.tgt_lang
+        if not self.to:
+            raise InputError(
+                f"{command}: the model is multilingual: choose the language to translate into "
+                f"with --to, one of {', '.join(self.languages)}"
+            )
+        sources = {d.direction(c)[0] for c in d.corpora() if d.direction(c)[1] == self.to}
+        source = sources.pop() if len(sources) == 1 else "src" if sources else d.src_lang
+        return source, self.to
+
+    def source_text(self, line: str | Request, where: str) -> str:
+        """A line as the model reads it: a multilingual model's with its language's token."""
+        if isinstance(line, Request):
+            check_to(line.to, self.languages, self.config, where)
+            return with_language(line.text, line.to or self.to, self.languages, where)
+        return with_language(line, self.to, self.languages, where)
 
     def stream(
         self,
@@ -60,7 +100,7 @@ class Engine:
         an InputError naming it (`check_found`)."""
         max_src = self.config.model.max_positions
         for chunk in group(lines):
-            texts = [r.text if isinstance(r, Request) else r for r in chunk]
+            texts = [self.source_text(r, f"{source}:{first + n}") for n, r in enumerate(chunk)]
             src_ids = encode_sources(self.tokenizer, texts, max_src, source, first)
             guides = self.guides(chunk, src_ids, source, first)
             found = self.search(src_ids, self.config.decode, guides)
@@ -110,16 +150,22 @@ def check_found(
 
 
 def load_engine(
-    runs: str | list[str], device: torch.device, overrides: list[str], int8: bool = False
+    runs: str | list[str],
+    device: torch.device,
+    overrides: list[str],
+    int8: bool = False,
+    to: str = "",
 ) -> Engine:
     """The engine for RUN (a run directory or checkpoint) or for an exported CTranslate2 DIR,
     its decode settings checked against it and `device` (see the module docstring). Several
-    runs decode as an ensemble (`model.ensemble`), with the first run's settings.
+    runs decode as an ensemble (`model.ensemble`), with the first run's settings. `to`: the
+    output language of a multilingual model (`cli.inference.languages`).
 
     Raises:
         InputError: a setting this engine cannot run on this device (fp16 on a CPU, a patience
             of 0 for CTranslate2, a precision CTranslate2 lacks there, --int8 off the CPU...);
-            an ensemble with a CTranslate2 directory, or of runs with different tokenizers.
+            an ensemble with a CTranslate2 directory, or of runs with different tokenizers;
+            a `to` the model does not translate into.
     """
     runs = [runs] if isinstance(runs, str) else list(runs)
     exported = [r for r in runs if is_ctranslate2_dir(r)]
@@ -130,7 +176,9 @@ def load_engine(
     if exported:
         if int8:
             raise InputError(f"{runs[0]}: --int8 is for PyTorch models; export with --quantization")
-        return ctranslate2_engine(Path(runs[0]), device, overrides)
+        engine = ctranslate2_engine(Path(runs[0]), device, overrides)
+        engine.choose(to)
+        return engine
     model, tokenizer, config = load_for_inference(runs[0], device)
     models = [model]
     for other in runs[1:]:
@@ -152,7 +200,9 @@ def load_engine(
     def search(src_ids: list[list[int]], decode: DecodeConfig, guides: Guides = None):
         return translate_ids(model, tokenizer, src_ids, decode, device, guides=guides)
 
-    return Engine(tokenizer, config, search, model)
+    engine = Engine(tokenizer, config, search, model)
+    engine.choose(to)
+    return engine
 
 
 def check_member(
@@ -177,6 +227,12 @@ def check_member(
             f"{run}: translates {theirs.src_lang}->{theirs.tgt_lang}, {first} "
             f"{ours.src_lang}->{ours.tgt_lang}; an ensemble's members share their languages "
             "(data.src_lang, data.tgt_lang)"
+        )
+    if theirs.lang_tokens() != ours.lang_tokens():
+        raise InputError(
+            f"{run}: translates into {', '.join(theirs.lang_tokens()) or theirs.tgt_lang}, "
+            f"{first} into {', '.join(ours.lang_tokens()) or ours.tgt_lang}; an ensemble's "
+            "members share their target languages and their tokens"
         )
     start, first_start = config.model.decoder_start, first_config.model.decoder_start
     if start != first_start:  # every step feeds all members the same tokens

@@ -1,8 +1,9 @@
 """What a user asks of one sentence beyond its text: a target prefix (the translation starts
-with it) and terminology constraints (each phrase appears in it), as `tf translate
+with it), terminology constraints (each phrase appears in it) and, of a multilingual model,
+the output language, as `tf translate
 --input-format jsonl` reads them, one object a line,
 
-    {"text": "El perro come.", "prefix": "The dog", "constraints": ["eats"]}
+    {"text": "El perro come.", "prefix": "The dog", "constraints": ["eats"], "to": "en"}
 
 and `tf serve` per sentence. Here they are checked and turned into piece ids (`Guide`).
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from data.errors import InputError
 from data.tokenizer import Tokenizer
 
-FIELDS = ("text", "prefix", "constraints")
+FIELDS = ("text", "prefix", "constraints", "to")
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class Request:
     text: str
     prefix: str = ""
     constraints: tuple[str, ...] = ()
+    to: str = ""  # the output language of a multilingual model (--to for this line)
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,14 @@ def request_of(item: object, where: str) -> Request:
     constraints = item.get("constraints", [])
     if not isinstance(constraints, list) or not all(isinstance(c, str) for c in constraints):
         raise ValueError(f'{where}: "constraints" must be a list of strings')
+    to = item.get("to", "")
+    if not isinstance(to, str):
+        raise ValueError(f'{where}: "to" must be a language code, got {type(to).__name__}')
     return Request(
         _text(item["text"], f"{where}.text"),
         _text(prefix, f"{where}.prefix"),
         tuple(_text(c, f"{where}.constraints") for c in constraints),
+        to.strip(),
     )
 
 

@@ -81,11 +81,16 @@ def parse_request(
         raise RequestError(400, "the body holds a number too long to read") from None
     if not isinstance(request, dict) or "text" not in request:
         raise RequestError(400, 'expected a JSON object with "text": a list of sentences')
-    unknown = sorted(set(request) - {"text", "beam"})
+    unknown = sorted(set(request) - {"text", "beam", "to"})
     if unknown:
-        raise RequestError(400, f'unknown field(s) {unknown}: only "text" and "beam"')
+        raise RequestError(400, f'unknown field(s) {unknown}: only "text", "beam" and "to"')
     beam = request.get("beam", engine.config.decode.beam_size)
     lines = parse_text(request["text"], limits)
+    to = request.get("to", "")
+    if not isinstance(to, str):
+        raise RequestError(400, f'"to" must be a language code, got {type(to).__name__}')
+    # The body's "to" is every sentence's that names none of its own.
+    lines = [r if r.to else replace(r, to=to.strip()) for r in lines]
     problem = beam_problem(beam)
     if problem:
         raise RequestError(400, f'"beam" must be {problem}')
@@ -106,8 +111,13 @@ def parse_text(text: object, limits: Limits) -> list[Request]:
 
 
 def encode_within_limit(engine: Engine, requests: list[Request]) -> list[list[int]]:
-    """Source ids of the requests; a sentence longer than the model takes is a 400, not cut."""
-    ids = source_ids(engine.tokenizer, [r.text for r in requests])
+    """Source ids of the requests (a multilingual model's with the token of the language each
+    asks for); a sentence longer than the model takes is a 400, not cut."""
+    try:
+        texts = [engine.source_text(r, f"text[{i}]") for i, r in enumerate(requests)]
+    except InputError as e:  # no language, or one the model lacks
+        raise RequestError(400, str(e)) from None
+    ids = source_ids(engine.tokenizer, texts)
     limit = engine.config.model.max_positions
     for i, seq in enumerate(ids):
         if len(seq) > limit:
@@ -222,6 +232,7 @@ def build_app(
         "engine": engine_kind,
         "src_lang": data.src_lang,
         "tgt_lang": data.tgt_lang,
+        "languages": list(engine.languages),  # a multilingual model's: a request's "to"
         "beam": engine.config.decode.beam_size,
         "max_lines": limits.max_lines,
         "max_queue": limits.max_queue,

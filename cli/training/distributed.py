@@ -7,6 +7,7 @@ every helper here is a no-op.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,8 +66,17 @@ def init(device_name: str, timeout: float = 7200.0) -> tuple[Dist, torch.device]
 
 
 def shutdown(d: Dist) -> None:
+    """Leave the process group; then let Gloo's threads finish before the interpreter exits.
+
+    A Gloo worker thread frees each collective's tensors after the caller has moved on; freeing
+    one that Python made takes the GIL, and a thread that asks for it while the interpreter
+    exits aborts the process ("terminate called without an active exception"), turning a clean
+    exit or a clear error into SIGABRT. Sleeping hands them the GIL: a pending free takes
+    microseconds, and no new collective can start once the group is destroyed.
+    """
     if d.active and dist.is_initialized():
         dist.destroy_process_group()
+        time.sleep(0.1)
 
 
 def sum_over_ranks(d: Dist, values: list[float], device: torch.device) -> list[float]:

@@ -105,6 +105,7 @@ FIXED_ON_RESUME = (
     "data.test",
     "data.pad_multiple",
     "data.temperature",
+    "data.lang_token",  # its tokens are pieces of the tokenizer
     "train.max_tokens",
     "train.max_sentences",
     "train.seed",

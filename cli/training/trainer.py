@@ -468,23 +468,31 @@ class Trainer:
             sums += torch.stack(self.loss_of(batch, model))
             tokens += batch.n_tgt_tokens
         loss, nll = sums.tolist()
-        hyps = translate_ids(
-            model,
-            self.tokenizer,
-            self.data.dev_src_ids,
-            validation_decode(self.config.decode),
-            self.device,
-        )
-        texts = self.tokenizer.decode_tgt([h[0].tokens for h in hyps])
-        scores = score(texts, self.data.dev_refs)
+        per_set = {}
+        for dev in self.data.dev_sets:
+            hyps = translate_ids(
+                model,
+                self.tokenizer,
+                dev.src_ids,
+                validation_decode(self.config.decode),
+                self.device,
+            )
+            texts = self.tokenizer.decode_tgt([h[0].tokens for h in hyps])
+            per_set[dev.name] = score(texts, dev.refs)
         self.model.train()
-        return {
+        metrics = {
             "dev_loss": loss / tokens,
             "dev_nll": nll / tokens,
             "dev_ppl": math.exp(min(nll / tokens, 50)),
-            "dev_bleu": scores["bleu"],
-            "dev_chrf": scores["chrf"],
         }
+        # Several directions: each one's scores, and their mean, which early stopping and
+        # best.pt follow (a direction is not worth more for having more dev sentences).
+        for name in ("bleu", "chrf"):
+            values = [scores[name] for scores in per_set.values()]
+            metrics[f"dev_{name}"] = sum(values) / len(values)
+            if len(per_set) > 1:
+                metrics.update({f"dev_{name}/{d}": s[name] for d, s in per_set.items()})
+        return metrics
 
     # -- the loop
 

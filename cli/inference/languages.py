@@ -1,0 +1,71 @@
+"""The output language of a multilingual model: `--to LANG` on the command line, `"to"` in a
+JSONL line or a `tf serve` request.
+
+A multilingual model (a `tf` run whose corpora have more than one target language, or an
+imported OPUS-MT model with several `>>xxx<<` tokens) reads the target language from a token
+at the start of the source; `--to` puts it there. A line that already starts with one of the
+model's target-language tokens is taken as it is; a line with neither is refused, naming the
+languages, for the model would pick one at random.
+"""
+
+from __future__ import annotations
+
+import re
+
+from cli.config import Config
+from data.errors import InputError
+from data.tokenizer import Tokenizer
+
+_MARIAN_TOKEN = re.compile(r">>([^\s<>]+)<<")
+
+
+def target_languages(config: Config, tokenizer: Tokenizer) -> dict[str, str]:
+    """{language: its token} a model chooses between; empty for a one-way model.
+
+    A `tf` run's come from its corpora (`data.lang_tokens`); an imported multilingual OPUS-MT
+    model has no corpora but its tokenizer's `>>xxx<<` pieces."""
+    tokens = config.data.lang_tokens()
+    if tokens:
+        return tokens
+    marian = {m.group(1): tag for tag in tokenizer.tags if (m := _MARIAN_TOKEN.fullmatch(tag))}
+    return marian if len(marian) > 1 else {}
+
+
+def check_to(to: str, languages: dict[str, str], config: Config, where: str) -> None:
+    """`--to`/"to" names one of the model's target languages (a one-way model's own is
+    accepted, and changes nothing).
+
+    Raises:
+        InputError: naming `where`, the language asked for and those the model has.
+    """
+    if not to:
+        return
+    if languages:
+        if to not in languages:
+            raise InputError(
+                f"{where}: the model translates into {', '.join(languages)}, not {to!r}"
+            )
+    elif to != config.data.tgt_lang and config.data.tgt_lang != "tgt":  # "tgt": not known
+        raise InputError(  # (an imported model whose card named no languages)
+            f"{where}: the model translates into {config.data.tgt_lang} only, not {to!r}"
+        )
+
+
+def with_language(text: str, to: str, languages: dict[str, str], where: str) -> str:
+    """`text` as the model reads it: its target-language token first.
+
+    Raises:
+        InputError: a multilingual model, no language asked for and none in the line.
+    """
+    if not languages:
+        return text
+    first = text.split(maxsplit=1)[0] if text.strip() else ""
+    if first in languages.values() or not text.strip():
+        return text  # the line chose (or, blank, needs nothing)
+    if to:
+        return f"{languages[to]} {text}"
+    raise InputError(
+        f"{where}: the model is multilingual: choose the output language with --to (or "
+        f'"to"), one of {", ".join(languages)}, or start the line with its token '
+        f"({', '.join(languages.values())})"
+    )
