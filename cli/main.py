@@ -389,13 +389,14 @@ def compare(
     ref: Annotated[Path, typer.Option(help="Reference translations.")] = ...,
     limit: Annotated[int, typer.Option(help="Only the first N lines (0: all).")] = 0,
     device: Device = "auto",
+    to: To = "",
 ) -> None:
     """Models side by side: parameters, BLEU/chrF at beam 5, beam-5 and greedy speed."""
     from cli.commands.compare import run_compare
 
     if limit < 0:
         raise InputError(f"--limit must be 0 (all) or more, got {limit}")
-    typer.echo(run_compare(runs, src, ref, device, limit))
+    typer.echo(run_compare(runs, src, ref, device, limit, to))
 
 
 @app.command()

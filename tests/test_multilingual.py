@@ -161,6 +161,28 @@ def test_every_source_starts_with_its_target_languages_token(tiny_prefix, tmp_pa
     assert data.dev_sets[1].refs[0] == Path(f"{tiny_prefix}-dev.es").read_text().splitlines()[0]
 
 
+def test_dev_sets_of_one_direction_are_scored_as_one(tiny_prefix, tmp_path):
+    """A one-way run with two dev sets: one direction, its BLEU over both sets' sentences."""
+    from data.pipeline import Batching, prepare_training_data
+
+    sets = [
+        f"data.train={tiny_prefix}",
+        f"data.dev=[{{corpus: {tiny_prefix}-dev}}, {{corpus: {tiny_prefix}}}]",
+        "data.max_len=120",
+        "data.clean=false",  # (the second dev set is the training corpus)
+    ]
+    config = load_config("tiny", sets)
+    data = prepare_training_data(
+        config.data, Batching(4096, 64, 0, 256, 5, "bos"), tmp_path / "tok", resume=False
+    )
+    (dev,) = data.dev_sets
+    heads = [
+        Path(f"{p}.en").read_text().splitlines()[:5] for p in (f"{tiny_prefix}-dev", tiny_prefix)
+    ]
+    assert dev.name == "es-en" and dev.refs == heads[0] + heads[1] and len(dev.src_ids) == 10
+    assert data.tokenizer.tags == {}  # one target language: no token, no reserved piece
+
+
 def test_overlap_is_held_against_the_sets_of_its_own_direction(tiny_prefix, tmp_path):
     """The dev set's pairs leave the es->en corpus; read the other way they are no dev pair."""
     from data.pipeline import Batching, prepare_training_data
@@ -367,3 +389,15 @@ def test_plot_draws_each_direction_and_their_mean(bidirectional, tmp_path, monke
     assert plot.plot_curves(bidirectional, tmp_path / "curves.png").stat().st_size > 0
     for label in ("BLEU (mean of the directions)", "BLEU es-en", "BLEU en-es", "chrF en-es"):
         assert label in drawn
+
+
+def test_compare_takes_to_for_multilingual_and_one_way_models_alike(
+    bidirectional, trained, tmp_path
+):
+    src, ref = tmp_path / "src", tmp_path / "ref"
+    src.write_text("\n".join(LINES) + "\n")
+    ref.write_text("\n".join(ENGLISH) + "\n")
+    result = tf("compare", bidirectional, trained, "--src", src, "--ref", ref, "--to", "en")
+    assert result.exit_code == 0, result.output
+    assert str(bidirectional) in result.stdout and str(trained) in result.stdout
+    assert_user_error(tf("compare", bidirectional, "--src", src, "--ref", ref), "en, es")

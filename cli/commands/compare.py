@@ -12,8 +12,11 @@ from cli.inference.scoring import check_parallel, score
 from data.text import read_file_lines
 
 
-def run_compare(runs: list[str], src: Path, ref: Path, device_name: str, limit: int) -> str:
-    """The table, one row per run (or exported CTranslate2 directory)."""
+def run_compare(
+    runs: list[str], src: Path, ref: Path, device_name: str, limit: int, to: str = ""
+) -> str:
+    """The table, one row per run (or exported CTranslate2 directory); `to`: the output
+    language of the multilingual ones (a one-way model takes its own)."""
     sources, refs = read_file_lines(src), read_file_lines(ref)
     check_parallel(src, sources, ref, refs)
     if limit:
@@ -23,7 +26,7 @@ def run_compare(runs: list[str], src: Path, ref: Path, device_name: str, limit: 
     for run in runs:
         speeds, scores = {}, {}
         for name, beam in (("beam5", 5), ("greedy", 1)):
-            engine = load_engine(run, device, [f"decode.beam_size={beam}", "decode.nbest=1"])
+            engine = load_engine(run, device, [f"decode.beam_size={beam}", "decode.nbest=1"], to=to)
             start = time.perf_counter()
             hyps = [h[0].tokens for _, h in engine.stream(sources, str(src))]
             speeds[name] = len(sources) / (time.perf_counter() - start)
