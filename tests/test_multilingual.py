@@ -315,6 +315,13 @@ def test_backtranslate_and_distill_take_to_and_name_their_files_by_it(
     # The teacher's es->en corpus alone, its raw Spanish (the token is the engine's to add).
     assert sources[0] == Path(f"{tiny_prefix}.es").read_text().splitlines()[0]
     assert len(sources) == len((out / "train.en").read_text().splitlines()) == 200
+    # A named corpus is read in the direction asked for: into es, its English side translated.
+    out = tmp_path / "kd-es"
+    args = ["--out", out, "--to", "es", "--corpus", f"{tiny_prefix}-dev", "--beam", "1"]
+    result = tf("distill", bidirectional, *args)
+    assert result.exit_code == 0, result.output
+    english = Path(f"{tiny_prefix}-dev.en").read_text()
+    assert (out / "train.en").read_text() == english
 
 
 def test_an_ensemble_takes_to_and_its_members_share_their_languages(bidirectional, tmp_path):

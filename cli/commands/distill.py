@@ -37,10 +37,13 @@ def run_distill(
     its corpora into that language."""
     device = pick_device(device_name)
     engine = load_engine(teacher, device, overrides, to=to)
-    engine.direction("tf distill")  # a multilingual teacher needs --to: before any reading
+    # A multilingual teacher needs --to (refused here, before any reading); named corpora are
+    # read in the direction it then translates.
+    src_lang, tgt_lang = engine.direction("tf distill")
     d = engine.config.data
     if corpora:
-        d = replace(d, train=[CorpusConfig(spec) for spec in corpora])
+        named = [CorpusConfig(spec, src_lang=src_lang, tgt_lang=tgt_lang) for spec in corpora]
+        d = replace(d, train=named)
     elif not d.corpora():  # an imported teacher: trained on no corpus of ours
         raise InputError(
             f"{teacher}: an imported model, trained on no corpus tf knows; name the sources "
