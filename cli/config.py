@@ -318,12 +318,13 @@ def check_config(config: Config, source: str) -> Config:
     # A target of max_len pieces is max_len + 1 with BOS; a source, plus its prefix pieces
     # (a target-language token, a corpus tag).
     prefix = max([1] + [len(d.source_prefix(c)) for c in d.corpora()])
-    if d.max_len >= m.max_positions:
-        fail(f"data.max_len {d.max_len} must be below model.max_positions {m.max_positions}")
     if d.max_len + prefix > m.max_positions:
         fail(
-            f"data.max_len {d.max_len} must be at most model.max_positions {m.max_positions} "
-            f"less {prefix}, the pieces put before a source (a target-language token, a tag)"
+            f"data.max_len {d.max_len} must be below model.max_positions {m.max_positions}"
+            if prefix == 1
+            else f"data.max_len {d.max_len} must be at most model.max_positions "
+            f"{m.max_positions} less {prefix}, the pieces put before a source (a "
+            "target-language token, a tag)"
         )
     if m.d_head < 0:
         fail(f"model.d_head must be 0 (d_model / n_heads) or more, got {m.d_head}")

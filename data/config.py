@@ -183,12 +183,14 @@ def check_data(d: DataConfig, fail: Callable[[str], None]) -> None:
         if src == tgt:
             fail(f"{where}: source and target language are both {src!r}")
     targets = d.target_langs()
-    for i, s in enumerate(d.dev_sets()):
-        if targets and d.direction(s)[1] not in targets:  # (an imported model's: no corpora)
-            fail(
-                f"data.dev[{i}] translates into {d.direction(s)[1]!r}, which no training corpus "
-                f"does ({', '.join(targets)})"
-            )
+    for name, sets in (("data.dev", d.dev_sets()), ("data.test", d.test_sets())):
+        for i, s in enumerate(sets):
+            into = d.direction(s)[1]
+            if targets and into not in targets:  # (an imported model's config: no corpora)
+                fail(
+                    f"{name}[{i}] translates into {into!r}, which no training corpus does "
+                    f"({', '.join(targets)})"
+                )
     for i, c in enumerate(d.corpora()):
         where = corpus_name(d, i)
         if not c.corpus.strip():

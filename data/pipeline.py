@@ -140,6 +140,9 @@ def batch_training_data(
     """Clean, encode and filter the training corpora (cached as memory-mapped ids) and batch
     their mix by the token budget; the dev set for loss and BLEU."""
     devs = [(d.direction(s), load_set(d, s)) for s in d.dev_sets()]
+    unvalidated = {d.direction(c) for c in d.corpora()} - {way for way, _ in devs}
+    for way in sorted(unvalidated):  # trained, but neither scored nor part of best.pt's choice
+        log.warning("no dev set in data.dev translates %s: it is not validated", "->".join(way))
     check_tags(d, corpora)
     references = {}
     if d.clean:  # no training pair may sit in the sets the run is scored on, in its direction

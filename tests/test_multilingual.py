@@ -100,6 +100,7 @@ def test_directions_tokens_and_reverse_in_the_data_section():
         ("data.train=[{corpus: x, tgt_lang: 'e n'}]", "language 'e n' must be a code"),
         ("data.dev=[]", "data.dev is an empty list"),
         ("data.dev=[{corpus: x, reverse: true}]", "into 'es', which no training corpus does"),
+        ("data.test=[{corpus: x, tgt_lang: fr}]", "data.test[0] translates into 'fr'"),
     ],
 )
 def test_bad_direction_settings_are_refused_in_one_line(setting, says):
@@ -120,6 +121,29 @@ def test_reverse_reads_a_corpus_the_other_way_round(tiny_prefix):
 
 
 # ----------------------------------------------------------------------------- training
+
+
+def test_the_directions_mean_is_what_early_stopping_and_best_pt_follow():
+    from types import SimpleNamespace
+
+    from cli.training.trainer import Progress, Trainer, direction_scores
+
+    scores = {"es-en": {"bleu": 10.0, "chrf": 30.0}, "en-es": {"bleu": 20.0, "chrf": 50.0}}
+    metrics = direction_scores(scores)
+    assert metrics == {
+        "dev_bleu": 15.0,
+        "dev_bleu/es-en": 10.0,
+        "dev_bleu/en-es": 20.0,
+        "dev_chrf": 40.0,
+        "dev_chrf/es-en": 30.0,
+        "dev_chrf/en-es": 50.0,
+    }
+    assert direction_scores({"es-en": scores["es-en"]}) == {"dev_bleu": 10.0, "dev_chrf": 30.0}
+    trainer = SimpleNamespace(config=load_config("tiny"), progress=Progress())  # bleu: the default
+    assert Trainer.record_validation(trainer, {**metrics, "dev_loss": 1.0})
+    assert trainer.progress.best == 15.0
+    worse = direction_scores({"es-en": {"bleu": 29.0, "chrf": 0}, "en-es": {"bleu": 0, "chrf": 0}})
+    assert not Trainer.record_validation(trainer, {**worse, "dev_loss": 1.0})  # one way's 29: no
 
 
 def test_each_direction_is_validated_and_best_follows_their_mean(bidirectional):
@@ -183,8 +207,9 @@ def test_dev_sets_of_one_direction_are_scored_as_one(tiny_prefix, tmp_path):
     assert data.tokenizer.tags == {}  # one target language: no token, no reserved piece
 
 
-def test_overlap_is_held_against_the_sets_of_its_own_direction(tiny_prefix, tmp_path):
-    """The dev set's pairs leave the es->en corpus; read the other way they are no dev pair."""
+def test_overlap_is_held_against_the_sets_of_its_own_direction(tiny_prefix, tmp_path, caplog):
+    """The dev set's pairs leave the es->en corpus; read the other way they are no dev pair.
+    The en->es direction, which no dev set validates, is named in a warning."""
     from data.pipeline import Batching, prepare_training_data
 
     head = tmp_path / "head"
@@ -203,6 +228,9 @@ def test_overlap_is_held_against_the_sets_of_its_own_direction(tiny_prefix, tmp_
     )
     forward, backward = data.report["corpora"]
     assert forward["removed"]["overlap"] >= 40 and backward["removed"]["overlap"] == 0
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("en->es" in m and "not validated" in m for m in warned), warned
+    assert not any("es->en" in m for m in warned)
 
 
 # ----------------------------------------------------------------------------- --to
@@ -315,6 +343,8 @@ def test_backtranslate_and_distill_take_to_and_name_their_files_by_it(
     # The teacher's es->en corpus alone, its raw Spanish (the token is the engine's to add).
     assert sources[0] == Path(f"{tiny_prefix}.es").read_text().splitlines()[0]
     assert len(sources) == len((out / "train.en").read_text().splitlines()) == 200
+    record = json.loads((out / "distill.json").read_text())
+    assert record["corpus"] == [f"{tiny_prefix} (es-en)"]  # what was translated, and which way
     # A named corpus is read in the direction asked for: into es, its English side translated.
     out = tmp_path / "kd-es"
     args = ["--out", out, "--to", "es", "--corpus", f"{tiny_prefix}-dev", "--beam", "1"]

@@ -49,20 +49,27 @@ def run_distill(
             f"{teacher}: an imported model, trained on no corpus tf knows; name the sources "
             "to translate with --corpus SPEC (the corpus the student will learn from)"
         )
-    specs = [c.corpus for c in d.corpora()]
-    sources = training_sources(d, engine.to)
+    chosen = corpora_into(d, engine.to)
+    # The record names what was translated: the corpora into --to alone, each with its direction.
+    specs = [f"{c.corpus} ({'-'.join(d.direction(c))})" for c in chosen]
+    sources = training_sources(d, chosen)
     return translate_corpus(engine, teacher, device, sources, out, "distill", {"corpus": specs})
 
 
-def training_sources(d: DataConfig, to: str = "") -> list[str]:
-    """The teacher's training sources, corpus after corpus, each once, each in its direction; a
-    tagged corpus's lines start with its tag, as the teacher saw them (the target-language
-    token is the engine's to put: --to). A multilingual teacher's corpora into `to` alone. One
-    sentence a line: a line break inside a hub dataset's sentence becomes a space."""
-    sources = []
+def corpora_into(d: DataConfig, to: str) -> list[CorpusConfig]:
+    """The corpora a teacher translates: a multilingual one's into `to` alone, else all."""
     chosen = [c for c in d.corpora() if not d.lang_tokens() or d.direction(c)[1] == to]
     if not chosen:
         raise InputError(f"--to {to}: none of the teacher's corpora translates into it")
+    return chosen
+
+
+def training_sources(d: DataConfig, chosen: list[CorpusConfig]) -> list[str]:
+    """The sources of the corpora `chosen`, corpus after corpus, each once, each in its
+    direction; a tagged corpus's lines start with its tag, as the teacher saw them (the
+    target-language token is the engine's to put: --to). One sentence a line: a line break
+    inside a hub dataset's sentence becomes a space."""
+    sources = []
     for c in chosen:
         head = f"{c.tag} " if c.tag else ""
         for text in load_set(d, c)["src"]:

@@ -69,6 +69,19 @@ class Progress:
     oom_splits: int = 0  # updates retried on smaller batches after running out of memory
 
 
+def direction_scores(per_direction: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """dev_bleu and dev_chrf: the mean over the directions, which early stopping and best.pt
+    follow (a direction is not worth more for having more dev sentences); with several
+    directions, each one's too, as dev_bleu/es-en."""
+    metrics = {}
+    for name in ("bleu", "chrf"):
+        values = [scores[name] for scores in per_direction.values()]
+        metrics[f"dev_{name}"] = sum(values) / len(values)
+        if len(per_direction) > 1:
+            metrics.update({f"dev_{name}/{d}": s[name] for d, s in per_direction.items()})
+    return metrics
+
+
 def validation_decode(decode: DecodeConfig) -> DecodeConfig:
     """Greedy search, always: dev BLEU, early stopping and best.pt follow the model, never a
     random draw (a reverse model's config for back-translation may well set sampling)."""
@@ -480,19 +493,12 @@ class Trainer:
             texts = self.tokenizer.decode_tgt([h[0].tokens for h in hyps])
             per_set[dev.name] = score(texts, dev.refs)
         self.model.train()
-        metrics = {
+        return {
             "dev_loss": loss / tokens,
             "dev_nll": nll / tokens,
             "dev_ppl": math.exp(min(nll / tokens, 50)),
+            **direction_scores(per_set),
         }
-        # Several directions: each one's scores, and their mean, which early stopping and
-        # best.pt follow (a direction is not worth more for having more dev sentences).
-        for name in ("bleu", "chrf"):
-            values = [scores[name] for scores in per_set.values()]
-            metrics[f"dev_{name}"] = sum(values) / len(values)
-            if len(per_set) > 1:
-                metrics.update({f"dev_{name}/{d}": s[name] for d, s in per_set.items()})
-        return metrics
 
     # -- the loop
 
