@@ -19,8 +19,11 @@ class PrefixState:
     src_pad_mask: Tensor  # (N, S) True = padding
     tokens: Tensor  # (N, t) tokens fed so far
 
-    def reorder(self, index: Tensor, group: int = 1) -> PrefixState:
-        """Row i of the result is row index[i] of this state; index (N',) long."""
+    def reorder(
+        self, index: Tensor, group: int = 1, same_sentences: bool | None = None
+    ) -> PrefixState:
+        """Row i of the result is row index[i] of this state; index (N',) long (every row
+        moves: `group` and `same_sentences` change nothing)."""
         return PrefixState(
             memory=self.memory.index_select(0, index),
             src_pad_mask=self.src_pad_mask.index_select(0, index),

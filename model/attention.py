@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.packed import PackedLinear
+
 
 @dataclass
 class KVCache:
@@ -97,6 +99,8 @@ class MultiheadAttention(nn.Module):
         self.in_proj_weight = nn.Parameter(torch.empty(3 * self.inner, d_model))
         self.in_proj_bias = nn.Parameter(torch.empty(3 * self.inner))
         self.out_proj = nn.Linear(self.inner, d_model)
+        # Packed copies of in_proj's rows for decoding on a CPU (`model.packed`), by part.
+        self.packed: dict[str, PackedLinear] = {}
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -109,6 +113,25 @@ class MultiheadAttention(nn.Module):
         nn.init.zeros_(self.in_proj_bias)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
+
+    def pack(self, dtype: torch.dtype) -> None:
+        """Pack each part of in_proj that `_in_proj` computes (`model.packed.pack_linears`)."""
+        for part in ("qkv", "q", "kv"):
+            rows = self._rows(part)
+            w, b = self.in_proj_weight[rows], self.in_proj_bias[rows]
+            self.packed[part] = PackedLinear(w, b, dtype)
+
+    def _rows(self, part: str) -> slice:
+        """in_proj's rows of `part`: "qkv" all (self-attention), "q" W_q, "kv" W_k and W_v."""
+        rows = {"qkv": slice(None), "q": slice(None, self.inner), "kv": slice(self.inner, None)}
+        return rows[part]
+
+    def _in_proj(self, x: Tensor, part: str) -> Tensor:
+        """x (B, T, D) projected by in_proj's rows of `part` -> (B, T, n H d_head)."""
+        if part in self.packed:
+            return self.packed[part](x)
+        rows = self._rows(part)
+        return F.linear(x, self.in_proj_weight[rows], self.in_proj_bias[rows])
 
     def _split_heads(self, x: Tensor, n: int) -> Tensor:
         """(B, T, n*D) projections -> (n, B, H, T, D/H)."""
@@ -180,7 +203,7 @@ class SelfAttention(MultiheadAttention):
         Returns:
             (B, T, D)
         """
-        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (B, T, 3D)
+        qkv = self._in_proj(x, "qkv")  # (B, T, 3D)
         q, k, v = self._split_heads(qkv, 3)  # (B, H, T, D/H) each
         if cache is not None:
             cache.append(k, v)
@@ -193,14 +216,13 @@ class CrossAttention(MultiheadAttention):
 
     def project_memory(self, memory: Tensor) -> KVCache:
         """Keys and values of the memory, (B, S, D) -> (B, H, S, D/H) each: once per source."""
-        kv = F.linear(memory, self.in_proj_weight[self.inner :], self.in_proj_bias[self.inner :])
+        kv = self._in_proj(memory, "kv")  # (B, S, 2D)
         k, v = self._split_heads(kv, 2)  # (B, H, S, D/H) each
         return KVCache(k, v)
 
     def _project_query(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, H, T, D/H)."""
-        w, b = self.in_proj_weight[: self.inner], self.in_proj_bias[: self.inner]
-        q = F.linear(x, w, b)  # (B, T, H * d_head)
+        q = self._in_proj(x, "q")  # (B, T, H * d_head)
         return self._split_heads(q, 1)[0]
 
     def forward(self, x: Tensor, memory_kv: KVCache, keep: Tensor | None) -> Tensor:

@@ -25,9 +25,11 @@ from model.transformer import DecoderCache, Transformer
 class EnsembleCache:
     caches: list[DecoderCache]  # one per model
 
-    def reorder(self, index: Tensor, group: int = 1) -> EnsembleCache:
+    def reorder(
+        self, index: Tensor, group: int = 1, same_sentences: bool | None = None
+    ) -> EnsembleCache:
         """As `DecoderCache.reorder`, for every model's cache."""
-        return EnsembleCache([cache.reorder(index, group) for cache in self.caches])
+        return EnsembleCache([c.reorder(index, group, same_sentences) for c in self.caches])
 
 
 class Ensemble:

@@ -314,13 +314,19 @@ class DecoderCache:
     step: int = 0  # tokens fed so far = position of the next one
     group: int = 1  # rows per sentence: N = group * B
 
-    def reorder(self, index: Tensor, group: int = 1) -> DecoderCache:
+    def reorder(
+        self, index: Tensor, group: int = 1, same_sentences: bool | None = None
+    ) -> DecoderCache:
         """Row i of the result is row index[i] of this cache; index (N',) long. The new rows
         come in `group`s of consecutive rows of one sentence, the sentences in their order
         (as both searches keep them): a sentence's keys and values move only when sentences
-        leave."""
+        leave. `same_sentences` says whether the groups hold the same sentences as before;
+        None judges by their number, which that order allows (a caller whose groups repeat a
+        sentence, as `cli.inference.shapes` pads them, must say)."""
         cross, keep = self.cross_attn, self.src_keep
-        if index.numel() // group != cross[0].keys.size(0):  # some sentences left (or split)
+        if same_sentences is None:
+            same_sentences = index.numel() // group == cross[0].keys.size(0)
+        if not same_sentences:  # some sentences left (or split)
             sentences = index[::group] // self.group  # the old sentence of each new group
             cross = [kv.reorder(sentences) for kv in cross]
             keep = None if keep is None else keep.index_select(0, sentences)

@@ -27,6 +27,7 @@ from cli.training.checkpoint import CheckpointError, load_for_inference
 from data.errors import InputError
 from data.tokenizer import Tokenizer
 from model.ensemble import Ensemble
+from model.packed import pack_linears
 from model.search import Hypothesis, gnmt_length_penalty
 from model.transformer import Transformer
 
@@ -190,7 +191,10 @@ def load_engine(
         models = [quantize_int8(m, device) for m in models]
         # Its layers take fp32 activations (quantized on the fly), never autocast's bf16.
         config = replace(config, decode=replace(config.decode, precision="fp32"))
-    autocast_dtype(config.decode.precision, device, "decode.precision")  # fp16 needs CUDA
+    dtype = autocast_dtype(config.decode.precision, device, "decode.precision")
+    if not int8 and dtype in (None, torch.bfloat16):  # on a CPU: oneDNN, weights packed once
+        for m in models:
+            pack_linears(m, dtype or torch.float32)
     if len(models) > 1:
         model = Ensemble(models)
         config = replace(config, model=model.config)  # the shortest position table

@@ -1,0 +1,79 @@
+"""Linear layers packed for oneDNN (`model.packed`): the same model, state and translations,
+faster on a CPU; gradients, autocast and other dtypes fall back to the plain layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_search import BOS, EOS, PAD, tiny_model
+from test_shapes import sentences
+
+from cli.config import DecodeConfig
+from cli.inference.decoding import search_batch
+from cli.inference.shapes import shapes_matter
+from data.batching import collate
+from model.packed import PackedLinear, can_pack, is_packed, pack_linears
+
+pytestmark = pytest.mark.skipif(not can_pack(), reason="this PyTorch has no oneDNN")
+
+
+def packed_pair(dtype=torch.float32):
+    plain = tiny_model().float()
+    packed = tiny_model().float()
+    assert pack_linears(packed, dtype) and is_packed(packed) and not is_packed(plain)
+    cpu = torch.device("cpu")  # oneDNN keeps a kernel per shape: decoding pads them
+    assert shapes_matter(packed, cpu) and not shapes_matter(plain, cpu)
+    return plain, packed
+
+
+def test_packing_keeps_the_state_and_gradients():
+    plain, packed = packed_pair()
+    assert isinstance(packed.generator, PackedLinear)
+    assert isinstance(packed.decoder.layers[0].self_attn.packed["qkv"], PackedLinear)
+    assert packed.state_dict().keys() == plain.state_dict().keys()
+    for (name, a), b in zip(plain.state_dict().items(), packed.state_dict().values()):
+        assert torch.equal(a, b), name
+    src = torch.randint(4, 40, (3, 5))
+    tgt = torch.randint(4, 40, (3, 4))
+    pad = torch.zeros(3, 5, dtype=torch.bool)
+    loss = packed(src, tgt, pad, None).logsumexp(-1).sum()  # with gradients: the plain layers
+    loss.backward()
+    assert packed.decoder.layers[0].linear1.weight.grad is not None
+    assert packed.decoder.layers[0].self_attn.in_proj_weight.grad is not None
+    assert not pack_linears(tiny_model())  # float64: nothing to pack
+
+
+def searched(model, autocast: bool = False) -> list:
+    src = sentences()
+    batch = collate(src, None, PAD, BOS, EOS, range(len(src)))
+    decode = DecodeConfig(beam_size=3, nbest=2, max_len_a=0.0, max_len_b=8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        return search_batch(model, batch, decode, BOS, EOS)
+
+
+@torch.no_grad()
+def test_a_packed_model_translates_as_the_plain_one():
+    plain, packed = packed_pair()
+    src = torch.randint(4, 40, (6, 5))
+    pad = torch.arange(5)[None] >= torch.tensor([5, 3, 4, 2, 5, 1])[:, None]
+    tgt = torch.randint(4, 40, (6, 4))
+    assert packed(src, tgt, pad, None) == pytest.approx(plain(src, tgt, pad, None), abs=1e-5)
+    ours, theirs = searched(packed), searched(plain)
+    assert [[h.tokens for h in n] for n in ours] == [[h.tokens for h in n] for n in theirs]
+    scores = [h.score for n in theirs for h in n]
+    assert [h.score for n in ours for h in n] == pytest.approx(scores, abs=1e-4)
+
+
+@torch.no_grad()
+def test_packed_in_bf16_equals_autocast_exactly():
+    plain, packed = packed_pair(torch.bfloat16)
+    x = torch.randn(7, 16)
+    layer = packed.decoder.layers[0].linear1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))  # no autocast: plain
+    ours, theirs = searched(packed, True), searched(plain, True)
+    assert [[(h.tokens, h.score) for h in n] for n in ours] == [
+        [(h.tokens, h.score) for h in n] for n in theirs
+    ]

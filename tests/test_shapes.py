@@ -1,0 +1,110 @@
+"""Decoding shapes from a few sizes under CPU autocast (`cli.inference.shapes`): the rows added
+change no translation, and the matmuls only ever see the sizes of `bucket`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from test_search import BOS, EOS, PAD, tiny_model
+from torch.profiler import ProfilerActivity, profile
+
+import cli.inference.decoding as decoding
+from cli.config import DecodeConfig
+from cli.inference.decoding import search_batch
+from cli.inference.requests import Guide
+from cli.inference.shapes import WIDTH_MULTIPLE, bucket
+from data.batching import collate
+from model.ensemble import Ensemble
+
+
+def test_buckets_are_few_and_close_above_every_count():
+    sizes = [bucket(n) for n in range(1, 513)]
+    for n, size in enumerate(sizes, start=1):
+        assert n <= size <= n + n // 8 and bucket(size) == size
+    assert sizes == sorted(sizes)
+    assert len(set(sizes)) == 15 + 8 * 5 + 1  # exact below 16, then 8 sizes per doubling
+
+
+def sentences(n: int = 37) -> list[list[int]]:
+    """n sources of 1 to 9 pieces: their outputs end at many lengths, so sentences leave the
+    search one by one while the padded counts often stay put (37 and 38 round to 38)."""
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(4, 40, (1 + i % 9,), generator=g).tolist() for i in range(n)]
+
+
+def searched(model, decode: DecodeConfig, padded: bool, guides=None, monkeypatch=None):
+    monkeypatch.setattr(decoding, "shapes_matter", lambda model, device: padded)
+    src = sentences()
+    batch = collate(src, None, PAD, BOS, EOS, range(len(src)))
+    return search_batch(model, batch, decode, BOS, EOS, guides=guides)
+
+
+SETTINGS = {
+    "greedy": dict(beam_size=1),
+    "beam": dict(beam_size=4, nbest=2, length_penalty=0.6),
+    "sampling": dict(beam_size=3, nbest=2, sampling_topk=5),
+    "rules": dict(beam_size=3, min_len=2, no_repeat_ngram_size=2),
+}
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", [*SETTINGS, "prefix", "constraints", "ensemble"])
+def test_padded_rows_change_no_translation(name, monkeypatch):
+    """Padding is switched on by hand in float64, where it must change nothing: the same
+    tokens and scores, whatever the search (a padded row never mixes with a real one)."""
+    model = Ensemble([tiny_model(), tiny_model()]) if name == "ensemble" else tiny_model()
+    decode = replace(DecodeConfig(max_len_a=0.0, max_len_b=8), **SETTINGS.get(name, {}))
+    guides = None
+    if name == "prefix":
+        guides = [Guide(prefix=(5, 6)) if i % 3 == 0 else None for i in range(37)]
+    if name == "constraints":
+        guides = [Guide(constraints=((7, 8),)) if i % 4 == 0 else None for i in range(37)]
+    plain = searched(model, decode, False, guides, monkeypatch)
+    padded = searched(model, decode, True, guides, monkeypatch)
+    assert [[h.tokens for h in n] for n in padded] == [[h.tokens for h in n] for n in plain]
+    assert [h.score for n in padded for h in n] == pytest.approx(
+        [h.score for n in plain for h in n]
+    )
+    assert len({len(n[0].tokens) for n in plain}) > 3  # sentences did leave at many steps
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("autocast", [False, True])
+def test_under_cpu_autocast_every_matmul_sees_a_bucketed_size(autocast):
+    model = tiny_model().float()
+    rows, sources = [], []
+    model.generator.register_forward_pre_hook(lambda m, args: rows.append(args[0].size(0)))
+    model.encoder.register_forward_pre_hook(lambda m, args: sources.append(tuple(args[0].shape)))
+    src = sentences()
+    batch = collate(src, None, PAD, BOS, EOS, range(len(src)))
+    decode = DecodeConfig(beam_size=4, max_len_a=0.0, max_len_b=8)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        hyps = search_batch(model, batch, decode, BOS, EOS)
+    assert len(hyps) == 37 and len(set(rows)) > 3
+    (shape,) = sources
+    if autocast:
+        assert shape[0] == bucket(37) and shape[1] % WIDTH_MULTIPLE == 0
+        assert all(r == bucket(r) or r % 4 == 0 and r // 4 == bucket(r // 4) for r in rows)
+    else:  # fp32: the exact counts, one of them off every bucket
+        assert shape[0] == 37 and any(r % 4 == 0 and r // 4 != bucket(r // 4) for r in rows)
+
+
+@torch.no_grad()
+def test_under_autocast_a_search_casts_each_weight_once_not_at_every_step():
+    """Autocast keeps its half-precision copy of a weight for the batch only outside
+    inference_mode: inside it the output layer's weight was cast again at every step."""
+    model = tiny_model().float()
+    src = sentences(4)
+    batch = collate(src, None, PAD, BOS, EOS, range(len(src)))
+    decode = DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=6)
+    weight = list(model.generator.weight.shape)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            search_batch(model, batch, decode, BOS, EOS)
+    casts = [
+        e for e in prof.events() if e.name == "aten::_to_copy" and e.input_shapes[:1] == [weight]
+    ]
+    steps = [e for e in prof.events() if e.name == "aten::log_softmax"]
+    assert len(steps) > 3 and len(casts) == 1
