@@ -1,6 +1,6 @@
 """The same trained model and sentences through every engine `tf translate` can use: PyTorch in
-fp32, in bf16 autocast (what `decode.precision: auto` picks on CPUs with native bf16; CTranslate2
-has no bf16 on CPUs), with dynamic int8 linear layers (`--int8`), and its CTranslate2 export in
+fp32 (what `decode.precision: auto` picks on CPUs without AMX), in bf16 autocast (on CPUs with
+native bf16; CTranslate2 has no bf16 on CPUs), with dynamic int8 linear layers (`--int8`), and its CTranslate2 export in
 float32 and int8. Greedy and beam 5, sentences/s, target tokens/s and BLEU, measured alternately,
 each engine in its own process, end to end from source ids to hypotheses (as `tf translate`
 loads and calls it).

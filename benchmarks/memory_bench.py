@@ -114,12 +114,15 @@ def run(
 ) -> dict:
     """Both `tf train` runs (`pairs`: the corpus's first pairs; all when None) and the
     `tf translate` run (of `decode_run`, default a user's runs/CONFIG or one trained here)."""
-    from cli.device import autocast_dtype, pick_device
+    from cli.device import autocast_dtype, engine_precision, pick_device
 
     train_spec, dev_spec = corpus_head("train", pairs, out), corpus_head("dev", 100, out)
     results: dict = {"config": config, "updates": updates, "lines": lines}
     cpu = pick_device("cpu")
     results["precision"] = "bf16" if autocast_dtype("auto", cpu) is not None else "fp32"
+    # `tf translate` decodes as engines do (`cli.device.engine_precision`): fp32 where packed.
+    translated = engine_precision("auto", cpu)
+    results["translate_precision"] = results["precision"] if translated == "auto" else translated
     for m in sorted({1, DataConfig.pad_multiple}):
         key = f"train_pad_multiple_{m}"
         results[key] = train_memory(config, updates, m, train_spec, dev_spec, out)
@@ -129,7 +132,8 @@ def run(
 
 
 def print_results(r: dict) -> None:
-    print(f"CPU: {cpu_name()}; precision: {r['precision']} (auto)")
+    print(f"CPU: {cpu_name()}; precision (auto): training {r['precision']}, ", end="")
+    print(f"translating {r['translate_precision']}")
 
     def row(name: str, m: dict, speed: str) -> tuple:
         gb = [f"{m[key]:.2f} GB" for key in ("rss_at_tenth_gb", "peak_rss_gb")]

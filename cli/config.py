@@ -103,8 +103,10 @@ class DecodeConfig:
     patience: float = 2.0
     max_tokens: int = 4096  # source tokens per translation batch, padding counted
     # auto: bf16 autocast where the device computes it natively (GPUs from Ampere on, else
-    # fp16; CPUs with AVX512-BF16 or AMX), fp32 elsewhere. On the shared test set bf16 changed
-    # BLEU by under 0.1 against fp32 (issue notes); fp32 gives the trained model's exact numbers.
+    # fp16; CPUs with AVX512-BF16 or AMX), fp32 elsewhere; a loaded model on a CPU without AMX
+    # decodes in fp32 on packed weights, there the faster (`cli.device.engine_precision`). On
+    # the shared test set bf16 changed BLEU by under 0.1 against fp32 (issue notes); fp32
+    # gives the trained model's exact numbers.
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     # Random sampling instead of search (back-translation: Edunov et al. 2018 sample with top-k
     # 10): 0 off, k draws from the k most probable tokens, -1 from all. beam_size samples are

@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from data.errors import InputError
+from model.packed import can_pack
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
@@ -112,6 +113,20 @@ def keep_freed_memory() -> None:
     m_trim_threshold, m_mmap_max = -1, -4  # glibc's malloc.h
     libc.mallopt(m_mmap_max, 0)
     libc.mallopt(m_trim_threshold, 2**31 - 1)  # an int: trim only past 2 GB free at the top
+
+
+def engine_precision(precision: str, device: torch.device) -> str:
+    """What `decode.precision` a loaded model decodes in (`tf translate`, eval, serve...):
+    `auto` is fp32 on a CPU without AMX where the linear layers can be packed for oneDNN
+    (`model.packed`), else as `autocast_dtype` says. On the 2-core AMD EPYC (avx512_bf16, no
+    amx) packed fp32 searched the test set 1.15x (`small`) to 1.4x (`demo`) as fast as packed
+    bf16, and gives the trained model's exact numbers; bf16's 2x matmul rate there is lost to
+    the casts around every layer at a step's sizes. AMX's bf16 rate is several times fp32's:
+    bf16 stays (unmeasured here). Validation in training decodes the training model itself,
+    unpacked, where bf16 autocast is the faster (19.8 s against 23 s)."""
+    if precision != "auto" or device.type != "cpu" or not can_pack():
+        return precision
+    return precision if torch.cpu._is_amx_tile_supported() else "fp32"
 
 
 def inference_autocast(device: torch.device, precision: str = "auto") -> AbstractContextManager:

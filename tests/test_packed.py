@@ -10,7 +10,9 @@ from test_search import BOS, EOS, PAD, tiny_model
 from test_shapes import sentences
 
 from cli.config import DecodeConfig
+from cli.device import engine_precision
 from cli.inference.decoding import search_batch
+from cli.inference.engines import load_engine
 from cli.inference.shapes import shapes_matter
 from data.batching import collate
 from model.packed import PackedLinear, can_pack, is_packed, pack_linears
@@ -77,3 +79,15 @@ def test_packed_in_bf16_equals_autocast_exactly():
     assert [[(h.tokens, h.score) for h in n] for n in ours] == [
         [(h.tokens, h.score) for h in n] for n in theirs
     ]
+
+
+def test_engines_decode_auto_in_packed_fp32_on_cpus_without_amx(monkeypatch, trained):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for amx, expected in ((False, "fp32"), (True, "auto")):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx)
+        assert engine_precision("auto", cpu) == expected
+        assert engine_precision("bf16", cpu) == "bf16" and engine_precision("auto", cuda) == "auto"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    engine = load_engine(str(trained), cpu, [])
+    assert engine.config.decode.precision == "fp32" and is_packed(engine.model)
+    assert not is_packed(load_engine(str(trained), cpu, [], int8=True).model)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from cli.config import TF_CONFIG, Config, DecodeConfig, load_config, with_overrides
-from cli.device import autocast_dtype
+from cli.device import autocast_dtype, engine_precision
 from cli.exporters.ctranslate2 import is_ctranslate2_dir
 from cli.inference.decoding import Grouping, chunks, encode_sources, is_greedy, translate_ids
 from cli.inference.languages import check_to, target_languages, with_language
@@ -191,7 +191,9 @@ def load_engine(
         models = [quantize_int8(m, device) for m in models]
         # Its layers take fp32 activations (quantized on the fly), never autocast's bf16.
         config = replace(config, decode=replace(config.decode, precision="fp32"))
-    dtype = autocast_dtype(config.decode.precision, device, "decode.precision")
+    precision = engine_precision(config.decode.precision, device)
+    config = replace(config, decode=replace(config.decode, precision=precision))
+    dtype = autocast_dtype(precision, device, "decode.precision")
     if not int8 and dtype in (None, torch.bfloat16):  # on a CPU: oneDNN, weights packed once
         for m in models:
             pack_linears(m, dtype or torch.float32)
