@@ -26,9 +26,14 @@ from torch import Tensor, nn
 log = logging.getLogger(__name__)
 
 
-def can_pack() -> bool:
-    """Whether this PyTorch has oneDNN's packed linear kernels."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def can_pack(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this PyTorch has oneDNN's packed linear kernels, in bf16 only where the CPU
+    computes it natively (as autocast's own matmuls use oneDNN only there)."""
+    if not torch.backends.mkldnn.is_available() or not hasattr(
+        torch.ops.mkldnn, "_linear_pointwise"
+    ):
+        return False
+    return dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 class PackedLinear(nn.Module):
@@ -60,9 +65,12 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> bool:
     """Give every linear layer of a float32 model on the CPU, and every attention's input
     projections (`MultiheadAttention.packed`), a copy of its weight packed in `dtype` (float32,
     or bfloat16 to decode under autocast). Returns whether it did (not on other devices, nor
-    where oneDNN's kernels are missing or fail: the model is then left as it was)."""
+    where oneDNN's kernels are missing or fail, nor in bf16 where the CPU lacks it: the model
+    is then left as it was)."""
     params = list(model.parameters())
-    if not can_pack() or any(p.device.type != "cpu" or p.dtype != torch.float32 for p in params):
+    if not can_pack(dtype) or any(
+        p.device.type != "cpu" or p.dtype != torch.float32 for p in params
+    ):
         return False
     from model.attention import MultiheadAttention  # which imports this module
 
