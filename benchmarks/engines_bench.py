@@ -1,9 +1,9 @@
 """The same trained model and sentences through every engine `tf translate` can use: PyTorch in
 fp32 (what `decode.precision: auto` picks on CPUs without AMX), in bf16 autocast (on CPUs with
-native bf16; CTranslate2 has no bf16 on CPUs), with dynamic int8 linear layers (`--int8`), and its CTranslate2 export in
-float32 and int8. Greedy and beam 5, sentences/s, target tokens/s and BLEU, measured alternately,
-each engine in its own process, end to end from source ids to hypotheses (as `tf translate`
-loads and calls it).
+native bf16; CTranslate2 has no bf16 on CPUs), with dynamic int8 linear layers (`--int8`), and
+its CTranslate2 export in float32 and int8. Greedy and beam 5, sentences/s, target tokens/s
+and BLEU, measured alternately, each engine in its own process, end to end from source ids to
+hypotheses (as `tf translate` loads and calls it).
 
     python -m benchmarks.engines_bench [--run RUN] [--sentences 1000]
 """
@@ -87,8 +87,14 @@ class Worker:
         return answer
 
     def close(self) -> None:
-        self.conn.send(None)
+        """Ask the worker to end (it may have ended already, on an error it reported)."""
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
         self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
 
 
 def serve_engine(spec: tuple[str, list[str], bool], lines: list[str], conn) -> None:
@@ -103,8 +109,12 @@ def serve_engine(spec: tuple[str, list[str], bool], lines: list[str], conn) -> N
         return
     while (beam := conn.recv()) is not None:
         decode = replace(engine.config.decode, beam_size=beam, nbest=1)
-        started = time.perf_counter()
-        hyps = engine.search(src_ids, decode)
+        try:
+            started = time.perf_counter()
+            hyps = engine.search(src_ids, decode)
+        except Exception as err:  # noqa: BLE001 - as above
+            conn.send(f"{spec[0]}, beam {beam}: {err}")
+            return
         conn.send((time.perf_counter() - started, [h[0].tokens for h in hyps]))
 
 

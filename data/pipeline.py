@@ -121,7 +121,12 @@ def load_set(d: DataConfig, s: SetConfig) -> datasets.Dataset:
     """The pairs of corpus `s` in its direction: read in its languages, its sides swapped when
     it says `reverse` (es<->en needs one corpus listed twice)."""
     ds = load_corpus(s.corpus, *d.languages(s))
-    return ds.rename_columns({"src": "tgt", "tgt": "src"}) if s.reverse else ds
+    return swapped(ds) if s.reverse else ds
+
+
+def swapped(ds: datasets.Dataset) -> datasets.Dataset:
+    """The pairs read the other way: each side is the other's."""
+    return ds.rename_columns({"src": "tgt", "tgt": "src"})
 
 
 def joined(corpora: list[datasets.Dataset]) -> datasets.Dataset:
@@ -140,18 +145,19 @@ def batch_training_data(
     """Clean, encode and filter the training corpora (cached as memory-mapped ids) and batch
     their mix by the token budget; the dev set for loss and BLEU."""
     devs = [(d.direction(s), load_set(d, s)) for s in d.dev_sets()]
-    unvalidated = {d.direction(c) for c in d.corpora()} - {way for way, _ in devs}
-    for way in sorted(unvalidated):  # trained, but neither scored nor part of best.pt's choice
+    trained = {d.direction(c) for c in d.corpora()}
+    for way in sorted(trained - {way for way, _ in devs}):  # neither scored nor best.pt's choice
         log.warning("no dev set in data.dev translates %s: it is not validated", "->".join(way))
     check_tags(d, corpora)
     references = {}
-    if d.clean:  # no training pair may sit in the sets the run is scored on, in its direction
+    if d.clean:  # no training pair may sit in the sets the run is scored on, either way round:
         tests = [(d.direction(s), load_set(d, s)) for s in d.test_sets()]
-        for direction in {d.direction(c) for c in d.corpora()}:
+        for direction in trained:  # an en->es pair that is an es->en test pair read backwards
             held = [ds for way, ds in devs + tests if way == direction]
+            held += [swapped(ds) for way, ds in devs + tests if way == direction[::-1]]
             references[direction] = Reference.of(held)
     parts = []
-    several = len({d.direction(c) for c in d.corpora()}) > 1
+    several = len(trained) > 1
     for spec, ds in zip(d.corpora(), corpora):
         filters = Filters(d.clean, d.max_len, d.max_len_ratio, tuple(d.source_prefix(spec)))
         reference = references.get(d.direction(spec))

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from test_search import BOS, EOS, PAD, tiny_model
 from test_shapes import sentences
+from torch.profiler import ProfilerActivity, profile
 
 from cli.config import DecodeConfig
 from cli.device import engine_precision
@@ -61,7 +62,10 @@ def test_a_packed_model_translates_as_the_plain_one():
     pad = torch.arange(5)[None] >= torch.tensor([5, 3, 4, 2, 5, 1])[:, None]
     tgt = torch.randint(4, 40, (6, 4))
     assert packed(src, tgt, pad, None) == pytest.approx(plain(src, tgt, pad, None), abs=1e-5)
-    ours, theirs = searched(packed), searched(plain)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        ours = searched(packed)
+    assert any(e.name == "mkldnn::_linear_pointwise" for e in prof.events())  # really packed
+    theirs = searched(plain)
     assert [[h.tokens for h in n] for n in ours] == [[h.tokens for h in n] for n in theirs]
     scores = [h.score for n in theirs for h in n]
     assert [h.score for n in ours for h in n] == pytest.approx(scores, abs=1e-4)
@@ -79,7 +83,10 @@ def test_packed_in_bf16_equals_autocast_exactly():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))  # no autocast: plain
-    ours, theirs = searched(packed, True), searched(plain, True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        ours = searched(packed, True)
+    assert any(e.name == "mkldnn::_linear_pointwise" for e in prof.events())
+    theirs = searched(plain, True)
     assert [[(h.tokens, h.score) for h in n] for n in ours] == [
         [(h.tokens, h.score) for h in n] for n in theirs
     ]

@@ -19,7 +19,7 @@ from pathlib import Path
 from cli.device import pick_device
 from cli.inference.bulk import translate_corpus
 from cli.inference.engines import load_engine
-from data.config import CorpusConfig, DataConfig
+from data.config import CorpusConfig, DataConfig, direction_name
 from data.errors import InputError
 from data.pipeline import load_set
 
@@ -51,7 +51,7 @@ def run_distill(
         )
     chosen = corpora_into(d, engine.to)
     # The record names what was translated: the corpora into --to alone, each with its direction.
-    specs = [f"{c.corpus} ({'-'.join(d.direction(c))})" for c in chosen]
+    specs = [f"{c.corpus} ({direction_name(d.direction(c))})" for c in chosen]
     sources = training_sources(d, chosen)
     return translate_corpus(engine, teacher, device, sources, out, "distill", {"corpus": specs})
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from cli.config import Config
 from cli.training.checkpoint import CheckpointError, resolve_checkpoint
+from data.config import direction_name
 from data.marian import MarianTokenizer
 from data.tokenizer import Tokenizer
 from model.transformer import Transformer
@@ -133,7 +134,7 @@ def data_section(config: Config) -> str:
         train = f"`{corpora}`"
     else:
         train = ", ".join(
-            f"`{x.corpus}` ({'-'.join(d.direction(x))}, weight {x.weight:g}"
+            f"`{x.corpus}` ({direction_name(d.direction(x))}, weight {x.weight:g}"
             f"{f', tag {x.tag}' if x.tag else ''})"
             for x in corpora
         )
@@ -141,7 +142,7 @@ def data_section(config: Config) -> str:
     def sets(value, listed) -> str:
         if isinstance(value, str):
             return f"`{value}`"
-        return ", ".join(f"`{s.corpus}` ({'-'.join(d.direction(s))})" for s in listed)
+        return ", ".join(f"`{s.corpus}` ({direction_name(d.direction(s))})" for s in listed)
 
     return (
         f"- training: {train}\n- development: {sets(d.dev, d.dev_sets())}\n"

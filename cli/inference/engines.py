@@ -79,12 +79,15 @@ class Engine:
         source = sources.pop() if len(sources) == 1 else "src" if sources else d.src_lang
         return source, self.to
 
-    def source_text(self, line: str | Request, where: str) -> str:
-        """A line as the model reads it: a multilingual model's with its language's token."""
+    def source_text(self, line: str | Request, where: str, to: str = "") -> str:
+        """A line as the model reads it: a multilingual model's with its language's token, the
+        one its own "to" names, else the one it starts with, else `to`'s or the engine's."""
+        default = to or self.to
+        check_to(to, self.languages, self.config, where)
         if isinstance(line, Request):
             check_to(line.to, self.languages, self.config, where)
-            return with_language(line.text, line.to or self.to, self.languages, where)
-        return with_language(line, self.to, self.languages, where)
+            return with_language(line.text, line.to or default, self.languages, where, line.to)
+        return with_language(line, default, self.languages, where)
 
     def stream(
         self,

@@ -23,9 +23,10 @@ def target_languages(config: Config, tokenizer: Tokenizer) -> dict[str, str]:
     """{language: its token} a model chooses between; empty for a one-way model.
 
     A `tf` run's come from its corpora (`data.lang_tokens`); an imported multilingual OPUS-MT
-    model has no corpora but its tokenizer's `>>xxx<<` pieces."""
+    model has no corpora but its tokenizer's `>>xxx<<` pieces. A run trained on corpora says
+    what it translates into: its `>>xxx<<` tags (`>>bt<<`, say) are no languages."""
     tokens = config.data.lang_tokens()
-    if tokens:
+    if tokens or config.data.corpora():
         return tokens
     marian = {m.group(1): tag for tag in tokenizer.tags if (m := _MARIAN_TOKEN.fullmatch(tag))}
     return marian if len(marian) > 1 else {}
@@ -51,15 +52,22 @@ def check_to(to: str, languages: dict[str, str], config: Config, where: str) -> 
         )
 
 
-def with_language(text: str, to: str, languages: dict[str, str], where: str) -> str:
-    """`text` as the model reads it: its target-language token first.
+def with_language(
+    text: str, to: str, languages: dict[str, str], where: str, stated: str = ""
+) -> str:
+    """`text` as the model reads it: its target-language token first. A token the text starts
+    with wins over `to` (a default, --to), but not over `stated`, the language the line
+    itself asked for (its "to").
 
     Raises:
-        InputError: a multilingual model, no language asked for and none in the line.
+        InputError: a multilingual model, no language asked for and none in the line; a line
+            whose token and "to" disagree.
     """
     if not languages:
         return text
     first = text.split(maxsplit=1)[0] if text.strip() else ""
+    if first in languages.values() and stated and first != languages[stated]:
+        raise InputError(f'{where}: "to" asks for {stated}, but the text starts with {first}')
     if first in languages.values() or not text.strip():
         return text  # the line chose (or, blank, needs nothing)
     if to:

@@ -69,8 +69,9 @@ def check_engine(engine: Engine) -> None:
 
 def parse_request(
     body: bytes, engine: Engine, limits: Limits
-) -> tuple[list[Request], DecodeConfig]:
-    """The lines and decode settings a POST /translate body asks for, or a RequestError."""
+) -> tuple[list[Request], DecodeConfig, str]:
+    """The lines, decode settings and output language (the body's "to", every sentence's
+    that names none of its own) a POST /translate body asks for, or a RequestError."""
     try:
         request = json.loads(body)
     except RecursionError:
@@ -89,12 +90,10 @@ def parse_request(
     to = request.get("to", "")
     if not isinstance(to, str):
         raise RequestError(400, f'"to" must be a language code, got {type(to).__name__}')
-    # The body's "to" is every sentence's that names none of its own.
-    lines = [r if r.to else replace(r, to=to.strip()) for r in lines]
     problem = beam_problem(beam)
     if problem:
         raise RequestError(400, f'"beam" must be {problem}')
-    return lines, replace(engine.config.decode, beam_size=beam, nbest=1)
+    return lines, replace(engine.config.decode, beam_size=beam, nbest=1), to.strip()
 
 
 def parse_text(text: object, limits: Limits) -> list[Request]:
@@ -110,11 +109,12 @@ def parse_text(text: object, limits: Limits) -> list[Request]:
         raise RequestError(400, str(e)) from None
 
 
-def encode_within_limit(engine: Engine, requests: list[Request]) -> list[list[int]]:
+def encode_within_limit(engine: Engine, requests: list[Request], to: str) -> list[list[int]]:
     """Source ids of the requests (a multilingual model's with the token of the language each
-    asks for); a sentence longer than the model takes is a 400, not cut."""
+    asks for, the body's `to` for a sentence that names none); a sentence longer than the
+    model takes is a 400, not cut."""
     try:
-        texts = [engine.source_text(r, f"text[{i}]") for i, r in enumerate(requests)]
+        texts = [engine.source_text(r, f"text[{i}]", to) for i, r in enumerate(requests)]
     except InputError as e:  # no language, or one the model lacks
         raise RequestError(400, str(e)) from None
     ids = source_ids(engine.tokenizer, texts)
@@ -268,10 +268,10 @@ def build_app(
 async def translate_request(request, engine: Engine, batcher: Batcher, limits: Limits) -> list[str]:
     """One POST /translate: checked, queued, awaited, decoded."""
     check_json_body(request)
-    requests, decode = parse_request(await read_body(request), engine, limits)
+    requests, decode, to = parse_request(await read_body(request), engine, limits)
     if not requests:
         return []
-    src_ids = encode_within_limit(engine, requests)
+    src_ids = encode_within_limit(engine, requests, to)
     guides = guides_of(engine, requests, src_ids, decode)
     try:
         done = batcher.submit(src_ids, decode, guides)

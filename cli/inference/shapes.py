@@ -30,7 +30,7 @@ WIDTH_MULTIPLE = 8  # source columns, rounded up to a multiple of this
 
 def bucket(n: int) -> int:
     """n rounded up to one of eight sizes per doubling: exact below 16, then multiples of 2,
-    4, 8...: at most 1/8 more rows, about 1/32 more on average."""
+    4, 8...: at most 1/8 more rows, about 1/24 more on average."""
     step = 1 << max(0, n.bit_length() - 4)
     return -(-n // step) * step
 
