@@ -31,8 +31,9 @@ class PrefixState:
         )
 
 
-def uncached_start(model: Transformer, memory: Tensor, src_pad_mask: Tensor):
-    """As `cli.inference.decoding.cached_start`: the initial state and the step, uncached.
+def uncached_start(model: Transformer, memory: Tensor, src_pad_mask: Tensor, steps: int = 0):
+    """As `cli.inference.decoding.cached_start`: the initial state and the step, uncached
+    (`steps` is room a cache would make).
 
     Shape: memory (N, S, D), src_pad_mask (N, S); the step maps tokens (N,) to logits (N, V).
     """

@@ -53,8 +53,11 @@ class Ensemble:
         """Each model's memory (B, S, D_m)."""
         return [m.encode(src, src_pad_mask) for m in self.models]
 
-    def init_cache(self, memories: list[Tensor], src_pad_mask: Tensor) -> EnsembleCache:
-        return EnsembleCache([m.init_cache(x, src_pad_mask) for m, x in zip(self.models, memories)])
+    def init_cache(
+        self, memories: list[Tensor], src_pad_mask: Tensor, steps: int = 0
+    ) -> EnsembleCache:
+        caches = [m.init_cache(x, src_pad_mask, steps) for m, x in zip(self.models, memories)]
+        return EnsembleCache(caches)
 
     def decode_step(self, tokens: Tensor, cache: EnsembleCache) -> Tensor:
         """The mean of the models' next-token log-probabilities (N, V), float32."""

@@ -17,7 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.attention import CrossAttention, KVCache, MultiheadAttention, SelfAttention, keep_mask
+from model.attention import (
+    CrossAttention,
+    KVCache,
+    MultiheadAttention,
+    SelfAttention,
+    StepCache,
+    keep_mask,
+)
 from model.loss import IGNORE_INDEX, projected_label_smoothed_cross_entropy
 
 TIE_EMBEDDINGS = ("none", "decoder", "all")
@@ -195,7 +202,7 @@ class DecoderLayer(nn.Module):
         memory_kv: KVCache,
         src_keep: Tensor | None,
         causal: bool = False,
-        cache: KVCache | None = None,
+        cache: StepCache | None = None,
         attention: list[Tensor] | None = None,
     ) -> Tensor:
         """One decoder layer over a whole target sequence, or over one new position with a cache.
@@ -223,7 +230,7 @@ class DecoderLayer(nn.Module):
             x = self.norm3(x + self._ff_block(x))
         return x
 
-    def _sa_block(self, x: Tensor, causal: bool, cache: KVCache | None) -> Tensor:
+    def _sa_block(self, x: Tensor, causal: bool, cache: StepCache | None) -> Tensor:
         return self.dropout1(self.self_attn(x, is_causal=causal, cache=cache))
 
     def _mha_block(
@@ -283,7 +290,7 @@ class Decoder(nn.Module):
         memory_kv: list[KVCache],
         src_keep: Tensor | None,
         causal: bool = False,
-        caches: list[KVCache] | None = None,
+        caches: list[StepCache] | None = None,
     ) -> Tensor:
         """Embedded targets x (B, T, D) -> (B, T, D); arguments as `DecoderLayer.forward`."""
         caches = caches if caches is not None else [None] * len(self.layers)
@@ -306,7 +313,7 @@ class Decoder(nn.Module):
 class DecoderCache:
     """What `Transformer.decode_step` keeps between steps, for N rows (sentences x beams)."""
 
-    self_attn: list[KVCache]  # per layer, the fed tokens' keys/values, (N, H, t, D/H) each
+    self_attn: list[StepCache]  # per layer, the fed tokens' keys/values, (N, H, t, D/H) each
     # Per layer, the source's keys/values, (B, H, S, D/H) each, once per sentence: its N / B
     # rows (beams) share them (see CrossAttention.forward), so a beam reorder copies nothing.
     cross_attn: list[KVCache]
@@ -484,17 +491,15 @@ class Transformer(nn.Module):
         x = self.tgt_embed(tgt_in)
         return self.decoder.cross_attention(x, memory_kv, keep_mask(src_pad_mask))
 
-    def init_cache(self, memory: Tensor, src_pad_mask: Tensor) -> DecoderCache:
-        """The cache for `decode_step`: the cross-attention keys and values are computed here, once.
+    def init_cache(self, memory: Tensor, src_pad_mask: Tensor, steps: int = 0) -> DecoderCache:
+        """The cache for `decode_step`: the cross-attention keys and values are computed here,
+        once; self-attention's are written in place (`StepCache`) into room for `steps` tokens
+        (0: the first step's), doubled when a row runs past it.
 
         Shape: memory (N, S, D), src_pad_mask (N, S).
         """
-        N = memory.size(0)
-        n_heads = self.config.n_heads
-        d_head = self.config.d_head or self.config.d_model // n_heads
-        empty = memory.new_zeros(N, n_heads, 0, d_head)  # (N, H, 0, d_head)
         return DecoderCache(
-            self_attn=[KVCache(empty, empty) for _ in self.decoder.layers],
+            self_attn=[StepCache(steps) for _ in self.decoder.layers],
             cross_attn=self.decoder.project_memory(memory),
             src_keep=keep_mask(src_pad_mask),
         )

@@ -176,6 +176,34 @@ def test_cached_decoding_after_reorder():
     assert_close(torch.stack(after, 1), full[:, 2:], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("steps", [0, 2, 6])
+def test_self_attention_cache_is_written_in_place(steps):
+    """Self-attention's keys and values go into buffers made once (room for `steps` tokens,
+    grown past it); reorders copy into a second pair, the two pairs taking turns; the logits
+    equal full decoding of the reordered rows throughout."""
+    model = tiny_model()
+    src, src_pad, tgt_in, _ = batch()  # 3 sentences, 6 target positions
+    orders = {2: torch.tensor([2, 0, 0, 1]), 4: torch.tensor([3, 1, 2])}  # widen, then narrow
+    with torch.no_grad():
+        memory = model.encode(src, src_pad)
+        cache = model.init_cache(memory, src_pad, steps)
+        rows, index, buffers, logits = tgt_in, torch.arange(3), [], []
+        for t in range(tgt_in.size(1)):
+            if t in orders:
+                cache, rows, index = cache.reorder(orders[t]), rows[orders[t]], index[orders[t]]
+            logits.append(model.decode_step(rows[:, t], cache))
+            buffers.append(cache.self_attn[0].buffers[0])
+        full = model.project(model.decode(rows, memory[index], src_pad[index], None))
+    assert_close(torch.stack(logits[4:], 1), full[:, 4:], atol=1e-5, rtol=1e-5)
+    pointers = [b.data_ptr() for b in buffers]
+    if steps == 6:  # room for every step: two pairs of buffers, nothing else allocated
+        assert pointers[0] == pointers[1] != pointers[2] == pointers[3] != pointers[4]
+        assert pointers[4] == pointers[0] and pointers[5] == pointers[4]
+        assert {tuple(b.shape[1:]) for b in buffers} == {(model.config.n_heads, 6, 4)}
+    else:  # grown as needed, never below what was fed
+        assert all(b.size(2) >= t + 1 for t, b in enumerate(buffers))
+
+
 def test_beams_share_their_sentence_keys_and_values():
     """Each sentence's rows (beams) attend to its one copy of the source keys and values: a
     reorder within sentences copies none, one that drops a sentence drops its copy, and the
@@ -213,7 +241,10 @@ def test_decode_step_under_bfloat16_autocast():
             memory = model.encode(src, src_pad)
             cache = model.init_cache(memory, src_pad)
             cached = [model.decode_step(tgt_in[:, t], cache) for t in range(tgt_in.size(1))]
-    assert cache.self_attn[0].keys.dtype == torch.bfloat16  # the cache holds what autocast made
+    # The cache holds what autocast made, in the float32 its attention runs in: cast once.
+    for kv in (cache.self_attn[0], cache.cross_attn[0]):
+        assert kv.keys.dtype == torch.float32
+        assert torch.equal(kv.keys.bfloat16().float(), kv.keys)
     assert_close(torch.stack(cached, 1).float(), full, atol=0.1, rtol=0.05)
 
 

@@ -38,14 +38,16 @@ CHUNK_LINES = 4096  # lines held in memory at once while streaming
 ARRIVAL_WAIT = 0.05
 
 
-# How the decoder starts on a batch: (model, memory (B, S, D), src_pad_mask (B, S)) -> the
-# initial state and the step (tokens (N,), state) -> logits (N, V). The default is the KV cache.
-Start = Callable[[Transformer, Tensor, Tensor], tuple[Any, Callable[[Tensor, Any], Tensor]]]
+# How the decoder starts on a batch: (model, memory (B, S, D), src_pad_mask (B, S), the tokens
+# a row is expected to be fed) -> the initial state and the step (tokens (N,), state) -> logits
+# (N, V). The default is the KV cache.
+Start = Callable[[Transformer, Tensor, Tensor, int], tuple[Any, Callable[[Tensor, Any], Tensor]]]
 
 
-def cached_start(model: Transformer, memory: Tensor, src_pad_mask: Tensor):
-    """The model's incremental decoding: O(t) work at step t, cross-attention K/V made once."""
-    return model.init_cache(memory, src_pad_mask), model.decode_step
+def cached_start(model: Transformer, memory: Tensor, src_pad_mask: Tensor, steps: int = 0):
+    """The model's incremental decoding: O(t) work at step t, cross-attention K/V made once,
+    self-attention's written in place into room for `steps` tokens."""
+    return model.init_cache(memory, src_pad_mask, steps), model.decode_step
 
 
 def is_greedy(decode: DecodeConfig) -> bool:
@@ -98,10 +100,13 @@ def search_batch(
     pad`) sees it as an input and may rate it high as an output, which no target ever was.
     It is banned after the softmax, as transformers bans OPUS-MT's `bad_words_ids`, so that
     an imported model searches exactly as `generate` does."""
-    cache, decode_step = encoded(model, batch, start)
     src_lens = (~batch.src_pad_mask).sum(dim=1)  # (B,)
     limit = model.config.max_positions - 1
     max_lens = (decode.max_len_a * src_lens + decode.max_len_b).long().clamp(1, limit)
+    # Room for as many target tokens as source tokens, which most rows stay within (the cache
+    # doubles for those that do not). Room for the limit (the source + 50), buffers 2.5 times
+    # the size used, made greedy search slower than growing the cache by concatenation.
+    cache, decode_step = encoded(model, batch, start, batch.src.size(1) + 1)
 
     def step(tokens: Tensor, state: Any) -> tuple[Tensor, Any]:
         log_probs = F.log_softmax(decode_step(tokens, state).float(), dim=-1)
@@ -139,14 +144,15 @@ def search_batch(
     return beam_search(step, cache, reorder, **beam, **common)
 
 
-def encoded(model: Transformer | Ensemble, batch: Batch, start: Start):
-    """The batch encoded, and the decoder's initial state and step over it (`Start`); where
-    shapes matter, from a few sizes (`cli.inference.shapes`), the search seeing its own only."""
+def encoded(model: Transformer | Ensemble, batch: Batch, start: Start, steps: int):
+    """The batch encoded, and the decoder's initial state and step over it (`Start`), with
+    room for `steps` tokens a row; where shapes matter, from a few sizes (`cli.inference.shapes`),
+    the search seeing its own only."""
     if not shapes_matter(model, batch.src.device):
         memory = model.encode(batch.src, batch.src_pad_mask)  # (B, S, D), a list for an ensemble
-        return start(model, memory, batch.src_pad_mask)
+        return start(model, memory, batch.src_pad_mask, steps)
     src, src_pad_mask = pad_batch(batch)  # (B', S'): B' >= B rows, S' >= S columns
-    state, decode_step = start(model, model.encode(src, src_pad_mask), src_pad_mask)
+    state, decode_step = start(model, model.encode(src, src_pad_mask), src_pad_mask, steps)
     return Padded(state, batch.src.size(0), src.size(0), 1), padded_step(decode_step)
 
 
