@@ -68,8 +68,15 @@ class StepCache:
             raise RuntimeError("an empty or spent StepCache")
         return self.buffers[i][: self.rows, :, : self.length]
 
+    def _check_live(self) -> None:
+        """A spent cache (positions fed, buffers handed on) would write after, or copy,
+        positions it no longer holds."""
+        if self.buffers is None and self.length:
+            raise RuntimeError("a StepCache used after its reorder; use the one it returned")
+
     def append(self, keys: Tensor, values: Tensor) -> None:
         """Write the keys and values of new positions, (N, H, T, D/H) each, after the old ones."""
+        self._check_live()
         N, H, T, d_head = keys.shape
         end = self.length + T
         if self.buffers is None or end > self.buffers[0].size(2):
@@ -87,6 +94,7 @@ class StepCache:
     def reorder(self, index: Tensor) -> StepCache:
         """Row i of the result is row index[i] of this cache; index is (N',) long. Spends this
         cache (its buffers become the result's spare pair)."""
+        self._check_live()
         result = StepCache(self.steps)
         result.length, result.rows = self.length, index.numel()
         if self.buffers is None:

@@ -204,6 +204,21 @@ def test_self_attention_cache_is_written_in_place(steps):
         assert all(b.size(2) >= t + 1 for t, b in enumerate(buffers))
 
 
+def test_a_reordered_cache_is_spent():
+    """A reorder hands the cache's buffers on: using the old cache again is an error, never
+    keys read from buffers its successor now writes."""
+    model = tiny_model()
+    src, src_pad, tgt_in, _ = batch()
+    with torch.no_grad():
+        cache = model.init_cache(model.encode(src, src_pad), src_pad)
+        model.decode_step(tgt_in[:, 0], cache)
+        cache.reorder(torch.tensor([1, 0, 2]))
+        with pytest.raises(RuntimeError, match="used after its reorder"):
+            model.decode_step(tgt_in[:, 1], cache)
+        with pytest.raises(RuntimeError, match="used after its reorder"):
+            cache.reorder(torch.tensor([0, 1, 2]))
+
+
 def test_beams_share_their_sentence_keys_and_values():
     """Each sentence's rows (beams) attend to its one copy of the source keys and values: a
     reorder within sentences copies none, one that drops a sentence drops its copy, and the

@@ -127,8 +127,6 @@ def test_reverse_reads_a_corpus_the_other_way_round(tiny_prefix):
 
 
 def test_the_directions_mean_is_what_early_stopping_and_best_pt_follow():
-    from types import SimpleNamespace
-
     from cli.training.trainer import Progress, Trainer, direction_scores
 
     scores = {"es-en": {"bleu": 10.0, "chrf": 30.0}, "en-es": {"bleu": 20.0, "chrf": 50.0}}
@@ -303,8 +301,8 @@ def test_serve_takes_to_per_request_and_per_sentence(bidirectional):
         assert health["languages"] == ["en", "es"]
         status, body, _ = call(f"{url}/translate", {"text": ["hola"]})
         assert status == 400 and "en, es" in body["error"] and "text[0]" in body["error"]
-        status, body, _ = call(f"{url}/translate", {"text": ["hola"], "to": "fr"})
-        assert status == 400 and "'fr'" in body["error"]
+        status, body, _ = call(f"{url}/translate", {"text": ["hola", "hi"], "to": "fr"})
+        assert status == 400 and body["error"].startswith('"to": ') and "'fr'" in body["error"]
         items = ["hola", {"text": "hello", "to": "es"}, "<2es> adios"]
         status, body, _ = call(f"{url}/translate", {"text": items, "to": "en"})
         assert status == 200, body

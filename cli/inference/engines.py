@@ -81,9 +81,9 @@ class Engine:
 
     def source_text(self, line: str | Request, where: str, to: str = "") -> str:
         """A line as the model reads it: a multilingual model's with its language's token, the
-        one its own "to" names, else the one it starts with, else `to`'s or the engine's."""
+        one its own "to" names, else the one it starts with, else `to`'s (a default the caller
+        has checked: `check_to`) or the engine's."""
         default = to or self.to
-        check_to(to, self.languages, self.config, where)
         if isinstance(line, Request):
             check_to(line.to, self.languages, self.config, where)
             return with_language(line.text, line.to or default, self.languages, where, line.to)

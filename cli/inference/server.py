@@ -26,6 +26,7 @@ from cli.config import DecodeConfig
 from cli.inference.batcher import Batcher, QueueFull
 from cli.inference.decoding import source_ids
 from cli.inference.engines import Engine, check_found, length_limit
+from cli.inference.languages import check_to
 from cli.inference.requests import Guide, Request, encode_guide, request_of
 from data.errors import InputError
 
@@ -114,6 +115,7 @@ def encode_within_limit(engine: Engine, requests: list[Request], to: str) -> lis
     asks for, the body's `to` for a sentence that names none); a sentence longer than the
     model takes is a 400, not cut."""
     try:
+        check_to(to, engine.languages, engine.config, '"to"')  # once, named as the body's
         texts = [engine.source_text(r, f"text[{i}]", to) for i, r in enumerate(requests)]
     except InputError as e:  # no language, or one the model lacks
         raise RequestError(400, str(e)) from None
