@@ -276,7 +276,8 @@ def serve(
     workers: Annotated[
         int,
         typer.Option(
-            help="Searches side by side, sharing the cores (0: up to 4 on CPUs, 1 on GPUs)."
+            help="Searches side by side, sharing the cores (0: up to 4 on CPUs, 1 on GPUs);"
+            " on CPUs each in a process with its own copy of the model."
         ),
     ] = 0,
     to: To = "",

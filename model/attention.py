@@ -120,8 +120,7 @@ class StepCache:
 def decoding_dtype(keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
     """Keys and values as decoding keeps them: on a CPU in float32, where attention while
     decoding runs in float32 (`MultiheadAttention._attend`); kept in bf16, the whole cache was
-    cast again at every step (greedy search of the test set in bf16 took 10% longer, `small`
-    on 2 cores). The values are the same: float32 holds every bf16 number."""
+    cast again at every step. The values are the same: float32 holds every bf16 number."""
     if keys.device.type == "cpu" and keys.dtype in (torch.bfloat16, torch.float16):
         return keys.float(), values.float()
     return keys, values
@@ -239,16 +238,17 @@ class MultiheadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         half = q.dtype in (torch.bfloat16, torch.float16)
         if q.device.type == "cpu" and half and not torch.is_grad_enabled():
-            # Decoding under CPU autocast: in float32. Its matmuls' shapes change at every step
-            # (one more key) and oneDNN, which runs the half-precision ones, builds and keeps a
-            # kernel per shape; float32 attention needs none. On 2 cores (AVX512-BF16, the
-            # `demo` model, 1,000 test sentences at beam 4) it took 8.9-9.0 s against 9.7-9.8 s,
-            # `tf translate` of 10,000 lines peaked at 1.24 GB against 1.65 GB, and the output
-            # moved towards fp32's (502 of 1,000 lines differ from it, 533 before). Written out
-            # in float32 it peaked at 1.74 GB and was no faster than in bf16.
-            out = F.scaled_dot_product_attention(
-                q.float(), k.float(), v.float(), attn_mask=keep, is_causal=is_causal
-            ).to(q.dtype)
+            # Decoding under CPU autocast: in float32, with autocast off around it (autocast
+            # casts SDPA's inputs to bf16 whatever they are, and its bf16 CPU kernel took 1.1 ms
+            # where float32's took 0.34, one step's attention of 100 rows over 30 keys, 1 thread,
+            # Xeon with AMX). Its matmuls' shapes change at every step (one more key) and oneDNN,
+            # which runs half-precision ones, builds and keeps a kernel per shape; float32
+            # attention needs none.
+            with torch.autocast("cpu", enabled=False):
+                out = F.scaled_dot_product_attention(
+                    q.float(), k.float(), v.float(), attn_mask=keep, is_causal=is_causal
+                )
+            out = out.to(q.dtype)
         elif q.device.type == "cpu" and half:
             out = written_out_attention(q, k, v, keep, is_causal, dropout_p)
         else:

@@ -479,20 +479,23 @@ def test_training_under_cpu_autocast_takes_the_written_out_attention(monkeypatch
 
 def test_decoding_under_cpu_autocast_attends_in_float32(monkeypatch):
     """Without gradients (decoding) attention under CPU autocast runs in float32 (no per-shape
-    half-precision kernels): SDPA sees float32 inputs, and the output is what it computes."""
+    half-precision kernels): SDPA computes in float32 (autocast would cast float32 inputs to
+    bf16 and return bf16), and the output is what it computes."""
     model = tiny_model()
     src, pad = padded_batch([5, 3], seed=0)
     seen = []
     real = F.scaled_dot_product_attention
-    monkeypatch.setattr(
-        F,
-        "scaled_dot_product_attention",
-        lambda q, *a, **k: seen.append(q.dtype) or real(q, *a, **k),
-    )
+
+    def recorded(q, *args, **kwargs):
+        out = real(q, *args, **kwargs)
+        seen.append((q.dtype, out.dtype))
+        return out
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recorded)
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(src, src, pad, pad)
     c = model.config
-    assert seen == [torch.float32] * (c.n_encoder_layers + 2 * c.n_decoder_layers)
+    assert seen == [(torch.float32,) * 2] * (c.n_encoder_layers + 2 * c.n_decoder_layers)
     with torch.inference_mode():
         fp32 = model(src, src, pad, pad)
     assert_close(logits.float(), fp32, atol=0.1, rtol=0.05)

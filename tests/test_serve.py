@@ -93,7 +93,12 @@ def echo_engine(engine: Engine) -> Engine:
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own_answers_in_order(engine):
     echo = echo_engine(engine)
-    app = build_app(echo, "echo", "test", Limits(max_lines=8, max_wait=0.3))
+
+    def slow_search(*args):  # as a real one: later requests arrive while it runs
+        time.sleep(0.2)
+        return echo.search(*args)
+
+    app = build_app(echo, "echo", "test", Limits(max_lines=8, max_wait=0.3), search=slow_search)
     requests = [[f"{word} {i}" for word in LINES[: 1 + i % 4]] for i in range(8)]
     expected = [echo.tokenizer.decode_tgt(echo.tokenizer.encode_src(r)) for r in requests]
     answers: dict[int, tuple] = {}
@@ -112,7 +117,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answers_in_order(
     for i, lines in enumerate(expected):
         assert answers[i][0] == 200, answers[i]
         assert answers[i][1] == {"translations": lines}
-    # Eight clients at once, a 0.3 s wait: fewer searches than requests.
+    # Eight clients at once, searches of 0.2 s, a 0.3 s wait: fewer searches than requests.
     assert app.state.batcher.searches < len(requests)
 
 
@@ -263,6 +268,7 @@ def test_tf_serve_starts_from_the_command_line(trained, tmp_path, kind):
     port = free_port()
     command = [sys.executable, "-m", "cli.main", "serve", str(target), "--port", str(port)]
     proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    searchers: list[int] = []
     try:
         url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
         while True:
@@ -279,9 +285,30 @@ def test_tf_serve_starts_from_the_command_line(trained, tmp_path, kind):
         assert health["workers"] == search_workers(torch.device("cpu"), 0, own_threads)[0]
         status, body, _ = call(f"{url}/translate", {"text": LINES[:2], "beam": 2})
         assert status == 200 and len(body["translations"]) == 2
+        # A run searches in processes of its own, one per worker (CTranslate2 in the server's).
+        searchers = children(proc.pid)
+        assert len(searchers) == (0 if own_threads else health["workers"])
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in searchers):  # ended with the server
+        assert time.monotonic() < deadline, "search processes outlived tf serve"
+        time.sleep(0.1)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux's /proc; multiprocessing's helper excluded)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(command name)"
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == pid and b"resource_tracker" not in cmdline:
+            found.append(int(stat.parent.name))
+    return found
 
 
 @pytest.mark.parametrize(
@@ -368,6 +395,24 @@ def held_batcher(gate: Gate, engine: Engine, **kwargs) -> tuple[Batcher, object]
     first = batcher.submit([[1, 2]], engine.config.decode)
     assert gate.entered.wait(30)
     return batcher, first
+
+
+def test_a_lone_request_is_searched_at_once_and_others_wait_to_join(engine):
+    """The batching window waits only while other requests are in flight: a lone request
+    would wait for nobody."""
+    gate = Gate()
+    gate.open.set()
+    lone = Batcher(gate.search, max_tokens=4096, max_wait=60.0)
+    assert lone.submit([[1]], engine.config.decode).result(timeout=20)[0][0].tokens == [1]
+    gate = Gate()
+    batcher, first = held_batcher(gate, engine, max_wait=1.0, workers=2)
+    second = batcher.submit([[2]], engine.config.decode)  # in flight with the first: waits
+    time.sleep(0.2)
+    third = batcher.submit([[3]], engine.config.decode)  # ... so this one joins its group
+    gate.open.set()
+    for future, token in ((first, 1), (second, 2), (third, 3)):
+        assert future.result(timeout=30)[0][0].tokens[0] == token
+    assert sorted(n for n, _ in gate.calls) == [1, 2]
 
 
 def test_a_cancelled_request_does_not_kill_the_batcher(engine):

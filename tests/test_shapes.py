@@ -3,7 +3,11 @@ change no translation, and the matmuls only ever see the sizes of `bucket`."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +21,8 @@ from cli.inference.requests import Guide
 from cli.inference.shapes import WIDTH_MULTIPLE, bucket
 from data.batching import collate
 from model.ensemble import Ensemble
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_buckets_are_few_and_close_above_every_count():
@@ -108,3 +114,50 @@ def test_under_autocast_a_search_casts_each_weight_once_not_at_every_step():
     ]
     steps = [e for e in prof.events() if e.name == "aten::log_softmax"]
     assert len(steps) > 3 and len(casts) == 1
+
+
+KERNELS = """
+import os, torch, cli.device as device
+device.DECODING_KERNELS = 1
+if {bound}:
+    device.bound_decoding_kernels()
+print("----", flush=True)
+w = torch.ops.mkldnn._reorder_linear_weight(torch.randn(16, 16))
+for n in (3, 5, 3, 5):
+    torch.ops.mkldnn._linear_pointwise(torch.randn(n, 16), w, None, "none", [], "")
+print("left:", os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"), flush=True)
+"""
+
+
+def test_decoding_bounds_the_kernels_onednn_keeps_and_leaks_no_variable():
+    """oneDNN keeps a kernel per shape: bounded (here to 1), two shapes taking turns are built
+    again every time, where unbounded the second round finds both kept; either way the
+    variable is gone again, so no process started later inherits it."""
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    env["ONEDNN_VERBOSE"] = "profile_create"  # a line per kernel made: cache_hit or cache_miss
+    hits = {}
+    for bound in (False, True):
+        out = subprocess.run(
+            [sys.executable, "-c", KERNELS.format(bound=bound)],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("----")[1]
+        hits[bound] = out.count("cache_hit")
+        assert out.count("cache_miss") and out.strip().endswith("left: None")
+    assert hits[False] >= 2 and hits[True] == 0
+
+
+def test_a_loaded_engine_bounds_its_kernels_unless_the_user_set_it(trained, monkeypatch):
+    import cli.inference.engines as engines
+    from cli.device import bound_decoding_kernels
+
+    calls = []
+    monkeypatch.setattr(engines, "bound_decoding_kernels", lambda: calls.append(1))
+    engines.load_engine(str(trained), torch.device("cpu"), [])
+    assert calls == [1]
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "7")
+    bound_decoding_kernels()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "7"

@@ -13,6 +13,7 @@ from importlib import resources
 
 from cli.device import pick_device, search_workers
 from cli.inference.engines import Engine, load_engine
+from cli.inference.search_processes import EngineSpec, SearchPool
 from cli.inference.server import Limits, build_app, shown_name
 from data.errors import InputError
 
@@ -66,13 +67,23 @@ def run_serve(
     device = pick_device(device_name)
     engine = load_engine(run, device, overrides, int8, to)
     workers, threads = search_workers(device, limits.workers, own_threads=engine.model is None)
+    pool = None
+    if device.type == "cpu" and engine.model is not None:  # PyTorch on CPUs: in processes
+        pool = SearchPool(EngineSpec(run, str(device), overrides, int8, to), workers, threads)
+        pool.wait_ready()
+        threads = 0  # the processes have theirs; the batcher's threads only wait on them
     limits = replace(limits, workers=workers, threads=threads)
-    app = build_app(engine, run, engine_kind(engine, int8), limits, read_page())
-    log.info(
-        "serving %s on http://%s:%d/ with %d search worker(s) (Ctrl-C stops)",
-        shown_name(run),
-        host,
-        port,
-        workers,
-    )
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    try:
+        app = build_app(engine, run, engine_kind(engine, int8), limits, read_page(), pool)
+        log.info(
+            "serving %s on http://%s:%d/ with %d search %s (Ctrl-C stops)",
+            shown_name(run),
+            host,
+            port,
+            workers,
+            "process(es)" if pool else "thread(s)",
+        )
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        if pool is not None:
+            pool.close()

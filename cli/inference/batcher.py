@@ -2,17 +2,19 @@
 wait, one search per group of requests that share decode settings, each answer back to its
 request.
 
-Only the batcher's worker threads touch the model, so the server's request handlers never
+Only the batcher's worker threads touch the search, so the server's request handlers never
 block on it (they await a future). Each worker takes the next group and searches it with its
 own share of the cores: a search reads the model and writes only its own tensors, so workers
 share one model without locking. Why several workers, each with few threads: on 2 cores
 (AMD EPYC, fp32) one sentence at beam 4 took 50 ms searched from the main thread with 2
 threads, 120 ms from any other thread with 2 threads (OpenMP's thread team then sleeps
 between the step's small ops and wakes slowly) and 50 ms with 1; groups of 8 sentences went
-at 37 sentences/s on one worker of 2 threads and 93 on two workers of 1 thread. Futures follow the
-`concurrent.futures` protocol: a request that is cancelled (its client left, its time ran out)
-before the batcher takes it is dropped unsearched; once taken it can no longer be cancelled,
-so setting its result never meets a cancelled future. Nothing a job does stops the thread.
+at 37 sentences/s on one worker of 2 threads and 93 on two workers of 1 thread. On CPUs
+`tf serve` goes further and gives each worker a process of its own to search in
+(`cli.inference.search_processes`). Futures follow the `concurrent.futures` protocol: a
+request that is cancelled (its client left, its time ran out) before the batcher takes it is
+dropped unsearched; once taken it can no longer be cancelled, so setting its result never
+meets a cancelled future. Nothing a job does stops the thread.
 """
 
 from __future__ import annotations
@@ -58,8 +60,10 @@ class Job:
 class Batcher:
     """Feeds `search` groups of jobs: a group starts with the oldest waiting job and takes
     those that arrive within `max_wait` seconds after it, up to `max_tokens` source tokens x
-    beam. At most `max_queue` of that waits in the queue (one job of any size when it is
-    empty): past it `submit` raises QueueFull. `workers` threads search groups side by side,
+    beam; it waits only while other jobs are in flight (queued or being searched), whose
+    clients are the ones likely to send more, so a lone request is searched at once. At most
+    `max_queue` of that waits in the queue (one job of any size when it is empty): past it
+    `submit` raises QueueFull. `workers` threads search groups side by side,
     each with `threads` intra-op threads (0: torch's setting, left as it is)."""
 
     def __init__(
@@ -80,6 +84,7 @@ class Batcher:
         self.lock = threading.Lock()
         self.taking = threading.Lock()  # one worker gathers a group at a time
         self.pending = 0  # cost of the jobs waiting to be taken, cancelled ones not counted
+        self.in_flight = 0  # jobs submitted and not yet settled
         self.searches = 0  # calls of `search` made (the tests' window on the batching)
         self.dropped = 0  # jobs cancelled before they were searched
         self.workers = [
@@ -106,11 +111,17 @@ class Batcher:
             if self.pending and self.pending + job.cost > self.max_queue:
                 raise QueueFull(f"the queue is full ({self.pending} of {self.max_queue} waiting)")
             self.pending += job.cost
+            self.in_flight += 1
             job.queued = True
+        job.done.add_done_callback(self.settled)
         # A job cancelled while it waits stops counting at once: the queue frees its room.
         job.done.add_done_callback(lambda done: self.release(job) if done.cancelled() else None)
         self.jobs.put(job)
         return job.done
+
+    def settled(self, done: Future) -> None:
+        with self.lock:
+            self.in_flight -= 1
 
     def release(self, job: Job) -> None:
         """Stop counting `job` as waiting (once, whether taken or cancelled first)."""
@@ -128,7 +139,9 @@ class Batcher:
         group = [self.held or self.jobs.get()]
         self.held = None
         cost = group[0].cost
-        deadline = time.monotonic() + self.max_wait
+        with self.lock:
+            alone = self.in_flight <= 1  # nobody else's answer will bring more soon
+        deadline = time.monotonic() + (0.0 if alone else self.max_wait)
         while cost < self.max_tokens:
             left = deadline - time.monotonic()
             try:

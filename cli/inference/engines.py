@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from cli.config import TF_CONFIG, Config, DecodeConfig, load_config, with_overrides
-from cli.device import autocast_dtype, engine_precision
+from cli.device import autocast_dtype, bound_decoding_kernels, engine_precision
 from cli.exporters.ctranslate2 import is_ctranslate2_dir
 from cli.inference.decoding import Grouping, chunks, encode_sources, is_greedy, translate_ids
 from cli.inference.languages import check_to, target_languages, with_language
@@ -171,6 +171,7 @@ def load_engine(
             an ensemble with a CTranslate2 directory, or of runs with different tokenizers;
             a `to` the model does not translate into.
     """
+    bound_decoding_kernels()
     runs = [runs] if isinstance(runs, str) else list(runs)
     exported = [r for r in runs if is_ctranslate2_dir(r)]
     if exported and len(runs) > 1:

@@ -25,7 +25,7 @@ from pathlib import Path
 from cli.config import DecodeConfig
 from cli.inference.batcher import Batcher, QueueFull
 from cli.inference.decoding import source_ids
-from cli.inference.engines import Engine, check_found, length_limit
+from cli.inference.engines import Engine, Search, check_found, length_limit
 from cli.inference.languages import check_to
 from cli.inference.requests import Guide, Request, encode_guide, request_of
 from data.errors import InputError
@@ -209,10 +209,17 @@ def shown_name(run: str) -> str:
 
 
 def build_app(
-    engine: Engine, name: str, engine_kind: str, limits: Limits | None = None, page: str = ""
+    engine: Engine,
+    name: str,
+    engine_kind: str,
+    limits: Limits | None = None,
+    page: str = "",
+    search: Search | None = None,
 ):
     """The Starlette application serving `engine` (`name`, a path, and `engine_kind` say what
-    it is; `page` is the HTML of /). Raises InputError for settings no request could use."""
+    it is; `page` is the HTML of /), searching with `search` (the engine's own by default;
+    `tf serve` passes its search processes, `cli.inference.search_processes`). Raises
+    InputError for settings no request could use."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.responses import HTMLResponse, JSONResponse
@@ -221,25 +228,14 @@ def build_app(
     limits = limits or Limits()
     check_engine(engine)
     batcher = Batcher(
-        engine.search,
+        search or engine.search,
         engine.config.decode.max_tokens,
         limits.max_wait,
         limits.max_queue,
         limits.workers,
         limits.threads,
     )
-    data = engine.config.data
-    about = {
-        "model": shown_name(name),
-        "engine": engine_kind,
-        "src_lang": data.src_lang,
-        "tgt_lang": data.tgt_lang,
-        "languages": list(engine.languages),  # a multilingual model's: a request's "to"
-        "beam": engine.config.decode.beam_size,
-        "max_lines": limits.max_lines,
-        "max_queue": limits.max_queue,
-        "workers": limits.workers,
-    }
+    about = health_fields(engine, name, engine_kind, limits)
 
     async def health(request) -> JSONResponse:
         alive = batcher.alive  # a dead batcher would leave every request waiting: say so
@@ -265,6 +261,22 @@ def build_app(
     )
     app.state.batcher = batcher
     return app
+
+
+def health_fields(engine: Engine, name: str, engine_kind: str, limits: Limits) -> dict:
+    """What /health says is served."""
+    data = engine.config.data
+    return {
+        "model": shown_name(name),
+        "engine": engine_kind,
+        "src_lang": data.src_lang,
+        "tgt_lang": data.tgt_lang,
+        "languages": list(engine.languages),  # a multilingual model's: a request's "to"
+        "beam": engine.config.decode.beam_size,
+        "max_lines": limits.max_lines,
+        "max_queue": limits.max_queue,
+        "workers": limits.workers,
+    }
 
 
 async def translate_request(request, engine: Engine, batcher: Batcher, limits: Limits) -> list[str]:
