@@ -42,6 +42,10 @@ class EngineSpec:
     to: str = ""
 
 
+class Ended(Exception):
+    """The search process is gone (its pipe broke)."""
+
+
 class SearchProcess:
     """One spawned process that loads the engine of `spec` and searches what it is sent, on
     its main thread with `threads` intra-op threads. Not thread-safe: one caller at a time
@@ -65,7 +69,7 @@ class SearchProcess:
     def wait_ready(self) -> None:
         """Block until the engine is loaded; its loading error, raised here, if it failed."""
         if not self.ready:
-            self._receive()
+            self._exchange()
             self.ready = True
 
     def __call__(
@@ -76,9 +80,8 @@ class SearchProcess:
             self.restart()
         try:
             self.wait_ready()
-            self.conn.send((src_ids, decode, guides))
-            return self._receive()
-        except (EOFError, OSError):  # the process died under this search
+            return self._exchange((src_ids, decode, guides))
+        except Ended:  # the process died under this search
             self.process.join(timeout=5)
             code = self.process.exitcode
             self.restart()
@@ -87,8 +90,16 @@ class SearchProcess:
                 "it has been started again"
             ) from None
 
-    def _receive(self):
-        ok, value = self.conn.recv()
+    def _exchange(self, request: tuple | None = None):
+        """Send `request` (None: nothing), then the process's answer, or the exception it
+        sent raised here; Ended if the pipe broke (its own errors, an OSError among them, are
+        the search's, never taken for the process's end)."""
+        try:
+            if request is not None:
+                self.conn.send(request)
+            ok, value = self.conn.recv()
+        except (EOFError, OSError):
+            raise Ended from None
         if not ok:
             raise value
         return value
