@@ -14,7 +14,7 @@ from importlib import resources
 from cli.device import pick_device, search_workers
 from cli.inference.engines import Engine, load_engine
 from cli.inference.search_processes import EngineSpec, SearchPool
-from cli.inference.server import Limits, build_app, shown_name
+from cli.inference.server import Limits, build_app, check_engine, shown_name
 from data.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ def run_serve(
     check_options(port, limits)
     device = pick_device(device_name)
     engine = load_engine(run, device, overrides, int8, to)
+    check_engine(engine)  # before any search process loads it again
     workers, threads = search_workers(device, limits.workers, own_threads=engine.model is None)
     pool = None
     if device.type == "cpu" and engine.model is not None:  # PyTorch on CPUs: in processes
