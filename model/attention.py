@@ -26,9 +26,33 @@ class KVCache:
     keys: Tensor  # (N, H, S, D/H)
     values: Tensor  # (N, H, S, D/H)
 
-    def reorder(self, index: Tensor) -> KVCache:
-        """Row i of the result is row index[i] of this cache; index is (N',) long."""
-        return KVCache(self.keys.index_select(0, index), self.values.index_select(0, index))
+    def reorder(self, index: Tensor, moved: Tensor | None = None) -> KVCache:
+        """Row i of the result is row index[i] of this cache; index is (N',) long. With `moved`
+        from `rows_to_move`, in place: only those rows are copied, and this cache is spent."""
+        if moved is None or not self.keys.is_contiguous():
+            return KVCache(self.keys.index_select(0, index), self.values.index_select(0, index))
+        for table in (self.keys, self.values):
+            move_rows_(table.view(table.size(0), -1), moved, index[moved])
+        n = index.numel()
+        return KVCache(self.keys[:n], self.values[:n])
+
+
+def rows_to_move(index: Tensor, rows: int) -> Tensor | None:
+    """The rows i with index[i] != i when reordering `rows` rows by `index` (N',) is cheaper
+    in place, else None. In place, each row that moves is copied twice (read out first, for
+    it may overwrite another's source), and the others not at all; a reorder into new memory
+    copies every row once. So: when N' <= rows and fewer than half move. The searches arrange
+    their rows so that most stay put (`model.search`): at beam 5 a quarter moved."""
+    n = index.numel()
+    if n > rows:
+        return None
+    moved = (index != torch.arange(n, device=index.device)).nonzero().squeeze(1)  # (M,)
+    return moved if 2 * moved.numel() < n else None
+
+
+def move_rows_(table: Tensor, targets: Tensor, sources: Tensor) -> None:
+    """Rows `targets` of the 2-D `table` take the values rows `sources` had before."""
+    table.index_copy_(0, targets, table.index_select(0, sources))
 
 
 class StepCache:
@@ -36,9 +60,13 @@ class StepCache:
 
     Two buffers (keys, values) of (N, H, `steps`, D/H) are allocated at the first step and
     every step writes its position into them; `keys` and `values` are views of the first t
-    positions. A reorder copies the first t positions of the rows kept into a second pair,
-    allocated once and then taking turns with the first, so a step allocates nothing and
-    copies only what the search's reorder moves. Past `steps` positions the buffers double.
+    positions. A reorder that moves few rows (`rows_to_move`) copies their first t positions
+    in place; one that moves most copies the rows kept into a second pair, allocated once and
+    then taking turns with the first. So a step allocates nothing and copies only what the
+    search's reorder moves. Past `steps` positions the buffers double. (The searches keep
+    most rows in place: at beam 5, copying every row at every step had been 18% of the test
+    set's search, `small`, fp32, 2 cores, and moving only the moved ones 7%, the whole
+    search 12% faster.)
     (Growing by concatenation copied the whole cache at every step, and in beam search again
     at its reorder: the test set's search at beam 5 took 7% longer, `small` on 2 cores; greedy
     search, whose rows are reordered only as sentences finish, took the same time.)
@@ -91,9 +119,10 @@ class StepCache:
         self.buffers[1][:N, :, self.length : end] = values
         self.length = end
 
-    def reorder(self, index: Tensor) -> StepCache:
+    def reorder(self, index: Tensor, moved: Tensor | None = None) -> StepCache:
         """Row i of the result is row index[i] of this cache; index is (N',) long. Spends this
-        cache (its buffers become the result's spare pair)."""
+        cache (its buffers become the result's, or its spare pair). With `moved` from
+        `rows_to_move(index, rows)`, only those rows are copied, in place."""
         self._check_live()
         result = StepCache(self.steps)
         result.length, result.rows = self.length, index.numel()
@@ -101,13 +130,22 @@ class StepCache:
             return result
         buffers, n, t = self.buffers, index.numel(), self.length
         N_b, H, steps, d_head = buffers[0].shape
+        heads = torch.arange(H, device=index.device)
+        if moved is not None:
+            targets = (moved[:, None] * H + heads).flatten()  # (M H,)
+            sources = (index[moved][:, None] * H + heads).flatten()
+            for buffer in buffers:
+                move_rows_(buffer.view(N_b * H, -1)[:, : t * d_head], targets, sources)
+            result.buffers, result.spare = buffers, self.spare
+            self.buffers = self.spare = None
+            return result
         spare = self.spare
         if spare is None or spare[0].size(0) < n:
             spare = tuple(buffers[0].new_empty(max(n, N_b), H, steps, d_head) for _ in range(2))
         # As rows of (heads, steps x D/H) each row's first t positions are one contiguous run,
         # which index_select copies whole; selecting (N, H, t, D/H) views directly went
         # element by element, twice as slow.
-        heads = (index[:, None] * H + torch.arange(H, device=index.device)).flatten()  # (N' H,)
+        heads = (index[:, None] * H + heads).flatten()  # (N' H,)
         for old, new in zip(buffers, spare):
             source = old.view(N_b * H, steps * d_head)[:, : t * d_head]
             target = new.view(-1, steps * d_head)[: n * H, : t * d_head]

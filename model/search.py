@@ -6,7 +6,8 @@ Search knows nothing of the model or of text (as flax's examples/wmt/decode.py).
         tokens (N,) long, the last token of each row (BOS first); log_probs (N, V), normalised.
     reorder(state, index, group) -> state
         index (N',) long: row i of the new state is row index[i] of the old one; the new rows
-        come in groups of `group` consecutive rows (a sentence's beams), sentences in order.
+        come in groups of `group` consecutive rows (a sentence's beams). While no sentence
+        leaves, each keeps its group's place; as some leave, others may fill their places.
 
 A row is one hypothesis. Both searches are batched over B sentences: the first step sees one row
 per sentence, so `state` starts with B rows, and beam search's first reorder expands each to its
@@ -337,7 +338,9 @@ def _row_search(
                 results[row] = (output, log_prob)
             if all(host_ended):
                 break
-            live = _index_on([i for i, e in enumerate(host_ended) if not e], device)
+            live = _index_on(
+                _in_place_order([i for i, e in enumerate(host_ended) if not e]), device
+            )
             state = reorder(state, live, 1)
             beams, tokens, sum_log_probs = beams.take(live), tokens[live], sum_log_probs[live]
             row_ids = row_ids[live]
@@ -404,12 +407,13 @@ def beam_search(
     host_max_lens = max_lens.tolist()
     shortest = min(host_max_lens)
     k = 1  # rows per live sentence: one before the first step, then up to beam_size
+    ranked = None  # (B', k) each sentence's rows by its hypotheses' rank; None: in order
     for t in itertools.count():
         log_probs, state = step(tokens, state)  # (N, V)
         log_probs = apply_step_rules(
             log_probs, t, beams, max_lens, eos_id, min_len, shortest, no_repeat_ngram_size, prefix
         )
-        top, rows, words = _best_extensions(log_probs, beams.log_probs, k, 2 * beam_size)
+        top, rows, words = _best_extensions(log_probs, beams.log_probs, k, 2 * beam_size, ranked)
         is_eos = words == eos_id  # (B', C)
 
         ends = is_eos[:, :beam_size] & top[:, :beam_size].isfinite()  # (B', <=beam)
@@ -437,13 +441,50 @@ def beam_search(
         ]
         if not keep:
             break
+        ranked = None
+        if k_next == k:  # rows that stay where they were, as many as can (else all move)
+            ranked = _children_in_place(rows.gather(1, live) % k)  # (B', k) rank -> row
+            live = live.gather(1, ranked.argsort(dim=1))  # in row order
+            live_scores = top.gather(1, live)
+            keep = _in_place_order(keep)
         keep_index = _index_on(keep, device)  # (B'',)
+        ranked = None if ranked is None else ranked.index_select(0, keep_index)
         index = rows.gather(1, live).index_select(0, keep_index).flatten()  # (B'' k',)
         tokens = words.gather(1, live).index_select(0, keep_index).flatten()  # (B'' k',)
         beams = beams.take(index).extend(tokens, live_scores.index_select(0, keep_index).flatten())
         state = reorder(state, index, k_next)
         k = k_next
     return finished
+
+
+def _in_place_order(kept: list[int]) -> list[int]:
+    """The positions `kept` (ascending) of the rows, or groups of rows, that stay live, in the
+    order that leaves the most where they are: one below len(kept) keeps its place, the others
+    fill the places of those that left, in order. A reorder (`model.attention.rows_to_move`)
+    then copies only the rows that fill them, where keeping the order moved every row after
+    the first that left. The searches do not depend on the order of their sentences."""
+    n = len(kept)
+    staying = {p for p in kept if p < n}
+    fillers = iter(p for p in kept if p >= n)
+    return [p if p in staying else next(fillers) for p in range(n)]
+
+
+def _children_in_place(parents: Tensor) -> Tensor:
+    """Rows for each sentence's new hypotheses (best first) that put each in its parent's row
+    where it can: a parent's first child in its row, the others, in order, in the rows of
+    parents that have none. A beam reorder then copies only those others' caches (a quarter
+    of the rows at beam 5).
+
+    Shape: parents (B', k), each hypothesis's parent among its sentence's k rows -> (B', k)
+    long, the row of each hypothesis.
+    """
+    B, k = parents.shape
+    earlier = torch.ones(k, k, dtype=torch.bool, device=parents.device).tril(-1)  # j' < j
+    first = ~((parents[:, :, None] == parents[:, None, :]) & earlier).any(dim=2)  # (B', k)
+    has_child = torch.zeros_like(parents).scatter_(1, parents, 1)  # (B', k) per row
+    childless = torch.sort(has_child, dim=1, stable=True).indices  # those rows first, in order
+    rank = (~first).cumsum(dim=1) - 1  # among the hypotheses that are not first children
+    return torch.where(first, parents, childless.gather(1, rank.clamp(min=0)))  # (B', k)
 
 
 def _index_on(indices: list[int], device: torch.device) -> Tensor:
@@ -455,24 +496,31 @@ def _index_on(indices: list[int], device: torch.device) -> Tensor:
 
 
 def _best_extensions(
-    log_probs: Tensor, beam_log_probs: Tensor, k: int, n: int
+    log_probs: Tensor, beam_log_probs: Tensor, k: int, n: int, ranked: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The n best one-token extensions of each live sentence's k beams.
+    """The n best one-token extensions of each live sentence's k beams. Equal scores go to
+    the better-ranked beam, then the lower token id: `ranked` (B', k) gives each sentence's
+    rows in the order of their hypotheses' rank (None: the rows' own order).
 
     Shape: log_probs (N, V) of the next token, beam_log_probs (N,) -> three (B', C) tensors,
     C = min(n, k V), best first: the extension's log-probability, the row it extends, its token.
     """
     N, V = log_probs.shape
+    first_row = torch.arange(0, N, k, device=log_probs.device)[:, None]  # (B', 1)
     # A sentence's n best come from its rows' n best each: take those first (one top-k over
     # (N, V)), then the n best of its k n candidates. The same extensions as one top-k over all
     # k V, without the (N, V) sum of scores and with a cheaper second top-k.
     row_top, row_words = log_probs.topk(min(n, V), dim=1)  # (N, n')
+    by_rank = None if ranked is None else first_row + ranked  # (B', k)
+    if by_rank is not None:  # the candidates in rank order, so that ties break as ranked
+        order = by_rank.flatten()
+        row_top, row_words, beam_log_probs = row_top[order], row_words[order], beam_log_probs[order]
     n_row = row_top.size(1)
     scores = (beam_log_probs[:, None] + row_top).view(N // k, k * n_row)  # (B', k n')
     top, flat = scores.topk(min(n, k * n_row), dim=1)  # (B', C)
-    first_row = torch.arange(0, N, k, device=flat.device)[:, None]  # (B', 1)
     words = row_words.view(N // k, k * n_row).gather(1, flat)  # (B', C)
-    return top, first_row + flat // n_row, words
+    rows = first_row + flat // n_row if by_rank is None else by_rank.gather(1, flat // n_row)
+    return top, rows, words
 
 
 def _add_finished(

@@ -24,6 +24,7 @@ from model.attention import (
     SelfAttention,
     StepCache,
     keep_mask,
+    rows_to_move,
 )
 from model.loss import IGNORE_INDEX, projected_label_smoothed_cross_entropy
 
@@ -325,20 +326,24 @@ class DecoderCache:
         self, index: Tensor, group: int = 1, same_sentences: bool | None = None
     ) -> DecoderCache:
         """Row i of the result is row index[i] of this cache; index (N',) long. The new rows
-        come in `group`s of consecutive rows of one sentence, the sentences in their order
-        (as both searches keep them): a sentence's keys and values move only when sentences
-        leave. `same_sentences` says whether the groups hold the same sentences as before;
-        None judges by their number, which that order allows (a caller whose groups repeat a
-        sentence, as `cli.inference.shapes` pads them, must say)."""
+        come in `group`s of consecutive rows of one sentence, each in its old place while no
+        sentence leaves (as both searches keep them): a sentence's keys and values move only
+        when sentences leave, and then only those that fill the places of the others (in
+        place, `rows_to_move`), as do the rows of self-attention's cache. `same_sentences`
+        says whether the groups hold the same sentences as before; None judges by their
+        number, which that order allows (a caller whose groups repeat a sentence, as
+        `cli.inference.shapes` pads them, must say)."""
         cross, keep = self.cross_attn, self.src_keep
         if same_sentences is None:
             same_sentences = index.numel() // group == cross[0].keys.size(0)
         if not same_sentences:  # some sentences left (or split)
             sentences = index[::group] // self.group  # the old sentence of each new group
-            cross = [kv.reorder(sentences) for kv in cross]
+            moved = rows_to_move(sentences, cross[0].keys.size(0))
+            cross = [kv.reorder(sentences, moved) for kv in cross]
             keep = None if keep is None else keep.index_select(0, sentences)
+        moved = rows_to_move(index, self.self_attn[0].rows) if self.self_attn else None
         return DecoderCache(
-            self_attn=[kv.reorder(index) for kv in self.self_attn],
+            self_attn=[kv.reorder(index, moved) for kv in self.self_attn],
             cross_attn=cross,
             src_keep=keep,
             step=self.step,

@@ -179,26 +179,37 @@ def test_cached_decoding_after_reorder():
 @pytest.mark.parametrize("steps", [0, 2, 6])
 def test_self_attention_cache_is_written_in_place(steps):
     """Self-attention's keys and values go into buffers made once (room for `steps` tokens,
-    grown past it); reorders copy into a second pair, the two pairs taking turns; the logits
-    equal full decoding of the reordered rows throughout."""
+    grown past it); a reorder that moves most rows copies into a second pair, the two pairs
+    taking turns, one that moves few copies those rows in place; the logits equal full
+    decoding of the reordered rows at every step."""
     model = tiny_model()
     src, src_pad, tgt_in, _ = batch()  # 3 sentences, 6 target positions
-    orders = {2: torch.tensor([2, 0, 0, 1]), 4: torch.tensor([3, 1, 2])}  # widen, then narrow
+    orders = {
+        1: torch.tensor([1, 0, 2]),  # two of three move: into a new pair
+        2: torch.tensor([2, 0, 0, 1]),  # widen: a pair of 4 rows
+        3: torch.tensor([3, 1, 2]),  # narrow, one row moves: in place
+        4: torch.tensor([2, 0, 1]),  # all move: into the spare pair, the first of 3 rows
+    }
     with torch.no_grad():
         memory = model.encode(src, src_pad)
         cache = model.init_cache(memory, src_pad, steps)
-        rows, index, buffers, logits = tgt_in, torch.arange(3), [], []
+        rows, index, buffers = tgt_in, torch.arange(3), []
         for t in range(tgt_in.size(1)):
             if t in orders:
-                cache, rows, index = cache.reorder(orders[t]), rows[orders[t]], index[orders[t]]
-            logits.append(model.decode_step(rows[:, t], cache))
+                # Sentences change places: their cross-attention keys move too (in place
+                # where few do), which the searches' reorders never ask but as sentences leave.
+                cache = cache.reorder(orders[t], same_sentences=False)
+                rows, index = rows[orders[t]], index[orders[t]]
+            logits = model.decode_step(rows[:, t], cache)
+            full = model.project(
+                model.decode(rows[:, : t + 1], memory[index], src_pad[index], None)
+            )
+            assert_close(logits, full[:, t], atol=1e-5, rtol=1e-5)
             buffers.append(cache.self_attn[0].buffers[0])
-        full = model.project(model.decode(rows, memory[index], src_pad[index], None))
-    assert_close(torch.stack(logits[4:], 1), full[:, 4:], atol=1e-5, rtol=1e-5)
     pointers = [b.data_ptr() for b in buffers]
-    if steps == 6:  # room for every step: two pairs of buffers, nothing else allocated
-        assert pointers[0] == pointers[1] != pointers[2] == pointers[3] != pointers[4]
-        assert pointers[4] == pointers[0] and pointers[5] == pointers[4]
+    if steps == 6:  # room for every step: no buffer made but for more rows
+        assert pointers[0] != pointers[1] != pointers[2] == pointers[3] != pointers[4]
+        assert pointers[4] == pointers[1] == pointers[5]
         assert {tuple(b.shape[1:]) for b in buffers} == {(model.config.n_heads, 6, 4)}
     else:  # grown as needed, never below what was fed
         assert all(b.size(2) >= t + 1 for t, b in enumerate(buffers))

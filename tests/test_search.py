@@ -12,7 +12,14 @@ import torch.nn.functional as F
 from benchmarks.uncached import uncached_start
 from cli.config import DecodeConfig
 from cli.inference.decoding import cached_start
-from model.search import Hypothesis, beam_search, gnmt_length_penalty, greedy_search
+from model.search import (
+    Hypothesis,
+    _children_in_place,
+    _in_place_order,
+    beam_search,
+    gnmt_length_penalty,
+    greedy_search,
+)
 from model.transformer import ModelConfig, Transformer
 
 PAD, BOS, EOS = 0, 2, 3
@@ -244,6 +251,26 @@ def test_best_extensions_equal_one_top_k_over_every_beam_and_word():
     assert torch.equal(words, want_flat % V)
 
 
+def test_best_extensions_break_ties_by_rank_whatever_rows_hold_the_beams():
+    """Beams kept in their parents' rows (`ranked` says which row holds which rank) give the
+    extensions of the same beams in rank order, equal scores included."""
+    from model.search import _best_extensions
+
+    g = torch.Generator().manual_seed(4)
+    B, k, V, n = 3, 4, 6, 8
+    # Scores from a few values: ties within and across beams.
+    log_probs = -torch.randint(0, 3, (B * k, V), generator=g).double()
+    beam_log_probs = -torch.randint(0, 2, (B * k,), generator=g).double()
+    ranked = torch.stack([torch.randperm(k, generator=g) for _ in range(B)])  # rank -> row
+    first = torch.arange(0, B * k, k)[:, None]
+    held = torch.empty(B * k, dtype=torch.long)
+    held[(first + ranked).flatten()] = torch.arange(B * k)  # row -> the hypothesis it holds
+    top, rows, words = _best_extensions(log_probs, beam_log_probs, k, n)
+    moved = _best_extensions(log_probs[held], beam_log_probs[held], k, n, ranked)
+    assert torch.equal(moved[0], top) and torch.equal(moved[2], words)
+    assert torch.equal(moved[1], first + ranked.gather(1, rows - first))
+
+
 def test_beams_are_expanded_and_finished_sentences_dropped_by_reorder():
     # Sentence 0 ends at once (EOS is certain); sentence 1 goes on.
     table = {(): {EOS: 1.0}}
@@ -273,6 +300,53 @@ def test_beams_are_expanded_and_finished_sentences_dropped_by_reorder():
     indices.clear()
     beam_search(step, torch.tensor([[0], [1], [1]]), reorder, beam_size=3, **common)
     assert indices[0].tolist() == (torch.arange(1, 3).repeat_interleave(3)).tolist()
+
+
+def test_children_take_their_parents_rows():
+    # The row of each hypothesis (best first): a parent's first child stays in the parent's
+    # row, the others fill the rows of parents with no child, in order.
+    parents = torch.tensor([[0, 0, 2, 1], [3, 3, 3, 0], [1, 2, 3, 0]])
+    assert _children_in_place(parents).tolist() == [[0, 3, 2, 1], [3, 1, 2, 0], [1, 2, 3, 0]]
+
+
+def test_rows_that_stay_keep_their_places():
+    assert _in_place_order([0, 1, 2]) == [0, 1, 2]
+    assert _in_place_order([0, 2, 3, 5]) == [0, 5, 2, 3]  # 5 takes the place 1 left
+    assert _in_place_order([3, 4]) == [3, 4]
+
+
+@pytest.mark.parametrize("beam_size", [None, 3])
+def test_reorders_move_only_the_rows_that_must(beam_size):
+    """After the first step a reorder keeps every surviving row, or group of a sentence's
+    rows, in its place; only a beam's second and later children of one parent and the rows
+    that fill a finished sentence's place move (what `rows_to_move` then copies)."""
+    indices = []
+
+    def reorder(state, index, group):
+        indices.append((index, group))
+        return state[index]
+
+    step = random_step(vocab_size=7, eos_growth=0.3)
+    common = dict(batch_size=6, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([9, 2, 9, 9, 3, 9]))
+    if beam_size is None:
+        greedy_search(step, start(6), reorder, **common)
+    else:
+        beam_search(step, start(6), reorder, beam_size=beam_size, **common, **DEFAULTS)
+    k = beam_size or 1
+    dropped = 0
+    for index, group in indices[1 if beam_size else 0 :]:
+        assert group == k
+        sources = index.view(-1, k) // k  # (B'', k) the old place of each row's sentence
+        assert (sources == sources[:, :1]).all()  # a sentence's rows stay together
+        for place, (source, rows) in enumerate(zip(sources[:, 0].tolist(), index.view(-1, k))):
+            if place in sources[:, 0].tolist():  # its sentence lives on: it stays in place
+                assert source == place
+                moved = int((rows != torch.arange(place * k, place * k + k)).sum())
+                assert moved == k - rows.unique().numel()  # the second children only
+            else:  # its sentence finished: one from past the end takes its place
+                assert source >= sources.size(0)
+                dropped += 1
+    assert dropped  # the test saw sentences leave from the middle
 
 
 # -- a tiny random model
