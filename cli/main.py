@@ -265,7 +265,7 @@ def serve(
     max_lines: Annotated[int, typer.Option(help="Most sentences in one request.")] = 256,
     max_wait: Annotated[
         float, typer.Option(help="Milliseconds a batch waits for other requests to join.")
-    ] = 5.0,
+    ] = 20.0,
     max_queue: Annotated[
         int,
         typer.Option(help="Source tokens x beam that may wait; past it a request gets 503."),

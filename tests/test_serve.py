@@ -6,6 +6,7 @@ queue (503) and each request's time (504), and counts the beam in its batches.""
 from __future__ import annotations
 
 import json
+import queue
 import socket
 import subprocess
 import sys
@@ -397,6 +398,26 @@ def held_batcher(gate: Gate, engine: Engine, **kwargs) -> tuple[Batcher, object]
     return batcher, first
 
 
+class Holds:
+    """An echo search that holds each group until the test releases its first token, and
+    says which groups it entered: workers kept busy in the order a test arranges."""
+
+    def __init__(self) -> None:
+        self.release: dict[int, threading.Event] = {}
+        self.entered: queue.Queue[list[int]] = queue.Queue()
+        self.groups: list[list[int]] = []
+
+    def search(self, src_ids, decode, guides=None):
+        group = [ids[0] for ids in src_ids]
+        self.groups.append(group)
+        self.entered.put(group)
+        assert self.release.setdefault(group[0], threading.Event()).wait(60), "never released"
+        return [[Hypothesis(list(ids), 0.0, 0.0)] for ids in src_ids]
+
+    def let_go(self, token: int) -> None:
+        self.release.setdefault(token, threading.Event()).set()
+
+
 def test_a_lone_request_is_searched_at_once_and_others_wait_to_join(engine):
     """The batching window waits only while other requests are in flight: a lone request
     would wait for nobody."""
@@ -404,15 +425,40 @@ def test_a_lone_request_is_searched_at_once_and_others_wait_to_join(engine):
     gate.open.set()
     lone = Batcher(gate.search, max_tokens=4096, max_wait=60.0)
     assert lone.submit([[1]], engine.config.decode).result(timeout=20)[0][0].tokens == [1]
-    gate = Gate()
-    batcher, first = held_batcher(gate, engine, max_wait=1.0, workers=2)
-    second = batcher.submit([[2]], engine.config.decode)  # in flight with the first: waits
+    holds, decode = Holds(), engine.config.decode
+    batcher = Batcher(holds.search, max_tokens=4096, max_wait=1.0, workers=2)
+    first = batcher.submit([[1]], decode)
+    assert holds.entered.get(timeout=30) == [1]
+    second = batcher.submit([[2]], decode)  # the other worker takes it (its share: 1 of 2)
+    assert holds.entered.get(timeout=30) == [2]
+    third = batcher.submit([[3]], decode)  # 3 in flight now: a share of 2
+    holds.let_go(2)  # a worker takes the third and waits for one more to join...
     time.sleep(0.2)
-    third = batcher.submit([[3]], engine.config.decode)  # ... so this one joins its group
-    gate.open.set()
-    for future, token in ((first, 1), (second, 2), (third, 3)):
+    fourth = batcher.submit([[4]], decode)
+    assert holds.entered.get(timeout=30) == [3, 4]  # ... which it does
+    holds.let_go(3)
+    holds.let_go(1)
+    for future, token in ((first, 1), (second, 2), (third, 3), (fourth, 4)):
         assert future.result(timeout=30)[0][0].tokens[0] == token
-    assert sorted(n for n, _ in gate.calls) == [1, 2]
+
+
+def test_workers_share_the_requests_in_flight(engine):
+    """A free worker takes its share of the requests lately in flight, not all that wait:
+    otherwise one takes every request as the other idles, then the next one alone."""
+    holds, decode = Holds(), engine.config.decode
+    batcher = Batcher(holds.search, max_tokens=4096, max_wait=0.2, workers=2)
+    futures = [batcher.submit([[1]], decode)]
+    assert holds.entered.get(timeout=30) == [1]
+    futures.append(batcher.submit([[2]], decode))
+    assert holds.entered.get(timeout=30) == [2]
+    futures += [batcher.submit([[token]], decode) for token in (3, 4, 5, 6)]  # 6 in flight
+    holds.let_go(2)
+    assert holds.entered.get(timeout=30) == [3, 4, 5]  # a share of 3, where it took all 4
+    holds.let_go(1)
+    assert holds.entered.get(timeout=30) == [6]
+    for token in (3, 6):
+        holds.let_go(token)
+    assert [f.result(timeout=30)[0][0].tokens[0] for f in futures] == [1, 2, 3, 4, 5, 6]
 
 
 def test_a_cancelled_request_does_not_kill_the_batcher(engine):

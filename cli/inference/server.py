@@ -46,7 +46,7 @@ class RequestError(Exception):
 @dataclass
 class Limits:
     max_lines: int = 256  # sentences in one request
-    max_wait: float = 0.005  # seconds the batcher waits for other requests to join a batch
+    max_wait: float = 0.02  # seconds the batcher waits for other requests to join a batch
     max_queue: int = 1 << 16  # source tokens x beam waiting for the batcher
     timeout: float = 60.0  # seconds a request may take, queue and search included
     workers: int = 1  # searches side by side (`cli.device.search_workers`)
