@@ -104,10 +104,6 @@ def setup_logging() -> None:
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
 
 
 @tokenizer_app.command("train")

@@ -37,6 +37,12 @@ from data.text import open_bytes, read_line_blocks
 if TYPE_CHECKING:
     from data.tokenizer import Tokenizer
 
+# tf reports its own progress: `datasets`' logging and bars are quiet unless turned on
+# (`data.pipeline` shows its bars while reading a large corpus). Set here, where every corpus
+# is read, rather than at start-up: `tf translate` need not import `datasets` (0.5 s).
+datasets.disable_progress_bars()
+datasets.logging.set_verbosity_error()
+
 BUNDLED_DIR = Path(__file__).parent / "corpora"
 _ARROW_BATCH = 65_536  # rows per Arrow batch when measuring lengths
 _ENCODE_VERSION = "1"  # bump when `encode_corpus` changes, to invalidate its cached outputs

@@ -18,6 +18,7 @@ its shapes (`cli.inference.shapes`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -50,15 +51,30 @@ class PackedLinear(nn.Module):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w)
             self.packed_bias = None if bias is None else bias.detach().to(dtype).contiguous()
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, relu: bool = False) -> Tensor:
+        """xW^T + b, and then ReLU where `relu` says (in the kernel where it runs one)."""
         if torch.is_grad_enabled() or x.device.type != "cpu":
-            return F.linear(x, self.weight, self.bias)
+            return _then_relu(F.linear(x, self.weight, self.bias), relu)
         autocast = torch.is_autocast_enabled("cpu")
         if autocast and torch.get_autocast_dtype("cpu") == self.dtype != torch.float32:
             x = x.to(self.dtype)  # as autocast would
         elif autocast or x.dtype != self.dtype:
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.packed_bias, "none", [], "")
+            return _then_relu(F.linear(x, self.weight, self.bias), relu)
+        post = "relu" if relu else "none"
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.packed_bias, post, [], "")
+
+
+def _then_relu(y: Tensor, relu: bool) -> Tensor:
+    return F.relu(y) if relu else y
+
+
+def linear_activation(linear: nn.Module, activation: Callable[[Tensor], Tensor], x: Tensor):
+    """activation(linear(x)). A packed layer runs ReLU in its kernel, as oneDNN's post-op on
+    the float32 sums: the same numbers without another pass over the (N, d_ff) activations
+    (600 rows of `small`'s first FFN layer: 0.83 -> 0.74 ms, 2 cores)."""
+    if activation is F.relu and isinstance(linear, PackedLinear):
+        return linear(x, relu=True)
+    return activation(linear(x))
 
 
 def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> bool:

@@ -27,6 +27,7 @@ from model.attention import (
     rows_to_move,
 )
 from model.loss import IGNORE_INDEX, projected_label_smoothed_cross_entropy
+from model.packed import linear_activation
 
 TIE_EMBEDDINGS = ("none", "decoder", "all")
 # The feed-forward's nonlinearity: the paper's ReLU, or what a pretrained model was trained with
@@ -172,7 +173,8 @@ class EncoderLayer(nn.Module):
 
     def _ff_block(self, x: Tensor) -> Tensor:
         """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2 (max(0, .): `model.activation`)."""
-        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+        hidden = linear_activation(self.linear1, self.activation, x)  # (..., d_ff)
+        return self.dropout2(self.linear2(self.dropout(hidden)))
 
 
 class DecoderLayer(nn.Module):
@@ -249,7 +251,8 @@ class DecoderLayer(nn.Module):
 
     def _ff_block(self, x: Tensor) -> Tensor:
         """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2 (max(0, .): `model.activation`)."""
-        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+        hidden = linear_activation(self.linear1, self.activation, x)  # (..., d_ff)
+        return self.dropout3(self.linear2(self.dropout(hidden)))
 
 
 def _final_norm(config: ModelConfig) -> nn.LayerNorm | None:

@@ -10,7 +10,13 @@ import torch
 
 from cli.commands.average import average_state_dicts, run_average
 from cli.config import TrainConfig
-from cli.training.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_atomic
+from cli.training.checkpoint import (
+    FORMAT,
+    CheckpointError,
+    load_checkpoint,
+    load_for_inference,
+    save_atomic,
+)
 from cli.training.optim import budget_decay, budget_used, build_optimizer, inverse_sqrt, noam
 
 
@@ -79,14 +85,34 @@ def ckpt(value: float) -> dict:
     }
 
 
-def test_save_and_load_round_trip(tmp_path):
+@pytest.mark.parametrize("mmap", [False, True])
+def test_save_and_load_round_trip(tmp_path, mmap):
     save_atomic(ckpt(1.0), tmp_path / "a.pt")
-    loaded = load_checkpoint(tmp_path / "a.pt")
+    loaded = load_checkpoint(tmp_path / "a.pt", mmap=mmap)
     assert torch.equal(loaded["model"]["w"], torch.ones(3))
     assert not [p for p in tmp_path.iterdir() if p.name != "a.pt"]  # no temporary left
 
 
-def test_truncated_foreign_and_missing_checkpoints_are_one_line_errors(tmp_path):
+def test_inference_maps_the_checkpoint_and_copies_the_weights_out(trained, monkeypatch):
+    """Decoding reads only the weights it uses (the optimizer's moments are two thirds of a
+    checkpoint), and loads them as the plain read does."""
+    mapped, load = [], torch.load
+
+    def spy(*args, **kwargs):
+        mapped.append(kwargs.get("mmap"))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
+    model, _, _ = load_for_inference(trained, torch.device("cpu"))
+    assert mapped == [True]
+    weights = load_checkpoint(trained / "checkpoints" / "best.pt")["model"]
+    for name, tensor in model.state_dict().items():
+        if name in weights:
+            assert torch.equal(tensor, weights[name]), name
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_truncated_foreign_and_missing_checkpoints_are_one_line_errors(tmp_path, mmap):
     save_atomic(ckpt(1.0), tmp_path / "a.pt")
     data = (tmp_path / "a.pt").read_bytes()
     (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
@@ -99,7 +125,7 @@ def test_truncated_foreign_and_missing_checkpoints_are_one_line_errors(tmp_path)
         ("none.pt", "no such checkpoint"),
     ]:
         with pytest.raises(CheckpointError, match=pattern) as e:
-            load_checkpoint(tmp_path / name)
+            load_checkpoint(tmp_path / name, mmap=mmap)
         assert name in str(e.value) and "\n" not in str(e.value)
 
 

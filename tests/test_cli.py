@@ -372,3 +372,32 @@ def test_tf_sets_memory_reuse_before_any_command(monkeypatch):
     monkeypatch.setattr(cli.main, "app", lambda: calls.append("command"))
     cli.main.main()
     assert calls == ["keep", "command"]
+
+
+def test_translating_imports_no_datasets(trained):
+    """`datasets` (half a second to import, with pandas and pyarrow) is for reading corpora:
+    `tf translate` starts without it."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "cli.main", "translate", str(trained)],
+        input="hola\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    )
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    assert done.stdout.strip() and "torch" in imported and "sentencepiece" in imported
+    assert "datasets" not in imported and "pandas" not in imported
+
+
+def test_reading_a_corpus_keeps_datasets_quiet():
+    """What `datasets` would log or draw while tf reads corpora stays quiet: set where every
+    corpus is read (`data.corpus`), not at start-up."""
+    import logging
+
+    import datasets
+
+    import data.corpus  # noqa: F401
+
+    assert datasets.logging.get_verbosity() == logging.ERROR
+    assert not datasets.is_progress_bar_enabled()

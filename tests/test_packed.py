@@ -16,7 +16,7 @@ from cli.inference.decoding import search_batch
 from cli.inference.engines import load_engine
 from cli.inference.shapes import shapes_matter
 from data.batching import collate
-from model.packed import PackedLinear, can_pack, is_packed, pack_linears
+from model.packed import PackedLinear, can_pack, is_packed, linear_activation, pack_linears
 
 pytestmark = pytest.mark.skipif(not can_pack(), reason="this PyTorch has no oneDNN")
 
@@ -90,6 +90,30 @@ def test_packed_in_bf16_equals_autocast_exactly():
     assert [[(h.tokens, h.score) for h in n] for n in ours] == [
         [(h.tokens, h.score) for h in n] for n in theirs
     ]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_packed_feed_forward_runs_relu_in_its_kernel(dtype):
+    """ReLU after a packed FFN layer is oneDNN's post-op: relu(linear)'s numbers, in float32
+    and in bf16 under autocast, without a ReLU op of its own; other activations and the plain
+    layers' way (gradients) apply it after."""
+    if not can_pack(dtype):  # no native bf16: autocast runs its own kernels, unpacked
+        assert not pack_linears(tiny_model().float(), dtype)
+        return
+    _, packed = packed_pair(dtype)
+    layer = packed.decoder.layers[0].linear1
+    x = torch.randn(7, 1, 16)
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        expected = F.relu(F.linear(x, layer.weight, layer.bias))
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fused = linear_activation(layer, F.relu, x)
+        assert torch.equal(linear_activation(layer, F.gelu, x), F.gelu(layer(x)))
+    names = {e.name for e in prof.events()}
+    assert "mkldnn::_linear_pointwise" in names and not names & {"aten::relu", "aten::clamp_min"}
+    assert fused.dtype == expected.dtype and torch.equal(fused, expected)
+    with torch.enable_grad():
+        assert torch.equal(layer(x, relu=True), F.relu(F.linear(x, layer.weight, layer.bias)))
 
 
 def test_engines_decode_auto_in_packed_fp32_on_cpus_without_amx(monkeypatch, trained):
