@@ -6,6 +6,7 @@ queue (503) and each request's time (504), and counts the beam in its batches.""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import queue
 import socket
 import subprocess
@@ -459,6 +460,26 @@ def test_workers_share_the_requests_in_flight(engine):
     for token in (3, 6):
         holds.let_go(token)
     assert [f.result(timeout=30)[0][0].tokens[0] for f in futures] == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_batcher_keeps_its_load_for_the_search_processes(engine):
+    """`load` (shared with `tf serve`'s search processes) counts the requests in flight:
+    queued or being searched, and none once answered."""
+    holds, decode = Holds(), engine.config.decode
+    load = multiprocessing.get_context("spawn").Value("i", 0, lock=False)
+    batcher = Batcher(holds.search, max_tokens=4096, max_wait=0.0, load=load)
+    first = batcher.submit([[1]], decode)
+    assert holds.entered.get(timeout=30) == [1] and load.value == 1
+    second = batcher.submit([[2]], decode)
+    assert load.value == 2
+    holds.let_go(1)
+    assert first.result(timeout=30) and holds.entered.get(timeout=30) == [2]
+    time.sleep(0.1)  # the first answer's callback has run
+    assert load.value == 1
+    holds.let_go(2)
+    assert second.result(timeout=30)
+    time.sleep(0.1)
+    assert load.value == 0
 
 
 def test_a_cancelled_request_does_not_kill_the_batcher(engine):

@@ -75,7 +75,9 @@ class Batcher:
     share and 20 ms, groups of 4, 53. At 32 clients 84, then 101.) At most
     `max_queue` of that waits in the queue (one job of any size when it is empty): past it
     `submit` raises QueueFull. `workers` threads search groups side by side,
-    each with `threads` intra-op threads (0: torch's setting, left as it is)."""
+    each with `threads` intra-op threads (0: torch's setting, left as it is). `load`, where
+    given, is kept equal to the count of jobs in flight (a shared `multiprocessing.Value`,
+    which `tf serve`'s search processes read: `cli.inference.search_processes.Cores`)."""
 
     def __init__(
         self,
@@ -85,11 +87,12 @@ class Batcher:
         max_queue: int = 1 << 16,
         workers: int = 1,
         threads: int = 0,
+        load=None,
     ) -> None:
         if workers < 1 or threads < 0:
             raise ValueError(f"need 1 worker or more and threads >= 0, got {workers}, {threads}")
         self.search, self.max_tokens, self.max_wait = search, max_tokens, max_wait
-        self.max_queue, self.threads = max_queue, threads
+        self.max_queue, self.threads, self.load = max_queue, threads, load
         self.jobs: queue.Queue[Job] = queue.Queue()
         self.held: Job | None = None  # taken from `jobs`, over the last group's budget
         self.lock = threading.Lock()
@@ -123,7 +126,7 @@ class Batcher:
             if self.pending and self.pending + job.cost > self.max_queue:
                 raise QueueFull(f"the queue is full ({self.pending} of {self.max_queue} waiting)")
             self.pending += job.cost
-            self.in_flight += 1
+            self._count(+1)
             now = time.monotonic()
             if self.in_flight >= self.peak or now - self.peak_time > PEAK_MEMORY:
                 self.peak, self.peak_time = self.in_flight, now
@@ -136,7 +139,13 @@ class Batcher:
 
     def settled(self, done: Future) -> None:
         with self.lock:
-            self.in_flight -= 1
+            self._count(-1)
+
+    def _count(self, change: int) -> None:
+        """Jobs in flight go up or down by one (under the lock)."""
+        self.in_flight += change
+        if self.load is not None:
+            self.load.value = self.in_flight
 
     def release(self, job: Job) -> None:
         """Stop counting `job` as waiting (once, whether taken or cancelled first)."""

@@ -234,6 +234,7 @@ def build_app(
         limits.max_queue,
         limits.workers,
         limits.threads,
+        load=getattr(search, "load", None),  # search processes read it (`Cores`)
     )
     about = health_fields(engine, name, engine_kind, limits)
 
