@@ -58,7 +58,8 @@ def load_checkpoint(
     """Load a checkpoint dict safely, with one-line errors for the ways it can be wrong.
     `mmap`: its tensors read from the file as they are used, for a caller that copies the
     weights it needs and drops the rest (the optimizer's moments are two thirds of a
-    checkpoint: `tf translate` of one line spent 0.3 s of its 2 s reading them)."""
+    checkpoint: `small`'s 121 MB loaded, its weights copied, in 0.34 -> 0.07 s the first
+    time, 0.09 -> 0.03 s from the page cache)."""
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint")
     try:
