@@ -474,12 +474,18 @@ def test_the_batcher_keeps_its_load_for_the_search_processes(engine):
     assert load.value == 2
     holds.let_go(1)
     assert first.result(timeout=30) and holds.entered.get(timeout=30) == [2]
-    time.sleep(0.1)  # the first answer's callback has run
-    assert load.value == 1
+    assert settles_to(load, 1)  # once the first answer's callbacks have run
     holds.let_go(2)
-    assert second.result(timeout=30)
-    time.sleep(0.1)
-    assert load.value == 0
+    assert second.result(timeout=30) and settles_to(load, 0)
+
+
+def settles_to(load, value: int) -> bool:
+    """Whether `load` reaches `value` within 10 s (a future's callbacks run just after its
+    result is visible)."""
+    deadline = time.monotonic() + 10
+    while load.value != value and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return load.value == value
 
 
 def test_a_cancelled_request_does_not_kill_the_batcher(engine):

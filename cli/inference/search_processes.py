@@ -28,6 +28,8 @@ import queue
 import signal
 from dataclasses import dataclass
 
+import torch
+
 from cli.config import DecodeConfig
 from cli.inference.engines import Guides
 from model.search import Hypothesis
@@ -66,8 +68,6 @@ class Cores:
         self.now = share
 
     def update(self) -> None:
-        import torch
-
         threads = self.every if self.load.value <= 1 else self.share
         if threads != self.now:
             torch.set_num_threads(threads)
@@ -208,8 +208,6 @@ def serve_searches(spec: EngineSpec, threads: int, conn, load=None, workers: int
     # Ctrl-C in a terminal reaches the whole process group: the server handles it and ends
     # this process, which must not print a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import torch
-
     from cli.device import keep_freed_memory, pick_device
     from cli.inference.engines import load_engine
 
