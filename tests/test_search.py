@@ -8,10 +8,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from benchmarks.uncached import uncached_start
 from cli.config import DecodeConfig
-from cli.inference.decoding import cached_start
+from cli.inference import decoding
+from cli.inference.decoding import cached_start, search_batch
+from data.batching import collate
 from model.search import (
     Hypothesis,
     _children_in_place,
@@ -19,6 +22,7 @@ from model.search import (
     beam_search,
     gnmt_length_penalty,
     greedy_search,
+    row_topk,
 )
 from model.transformer import ModelConfig, Transformer
 
@@ -271,6 +275,72 @@ def test_best_extensions_break_ties_by_rank_whatever_rows_hold_the_beams():
     assert torch.equal(moved[1], first + ranked.gather(1, rows - first))
 
 
+class TopkWidths(TorchFunctionMode):
+    """Records the width (last dimension) of every top-k taken inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.widths: list[int] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.topk, torch.Tensor.topk):
+            self.widths.append(args[0].size(-1))
+        return func(*args, **(kwargs or {}))
+
+
+def rows_to_rank(V: int, g: torch.Generator) -> torch.Tensor:
+    """Rows of every kind `row_topk` meets: distinct values; a few values only (ties inside
+    and at the edge of the n best); bf16-rounded; the best in the partial last block; -inf
+    but for a few; all -inf; NaN (which top-k ranks first)."""
+    distinct = torch.randn(6, V, generator=g)
+    few = torch.randint(0, 4, (3, V), generator=g).float()
+    rounded = torch.randn(3, V, generator=g).bfloat16().float()
+    tail = torch.randn(2, V, generator=g)
+    tail[:, -3:] += 10
+    finite = torch.cat([distinct, few, rounded, tail]).log_softmax(dim=1)
+    banned = torch.full((3, V), float("-inf"))
+    banned[0, torch.randperm(V, generator=g)[:3]] = torch.randn(3, generator=g)
+    banned[2, torch.randperm(V, generator=g)[:2]] = float("nan")
+    return torch.cat([finite, banned])
+
+
+@pytest.mark.parametrize("V, n", [(8000, 10), (3001, 4), (1000, 3), (300, 10)])
+def test_row_topk_equals_top_k(V, n):
+    """The same values and columns as `topk`, in its order, equal values included; narrow
+    rows (too few blocks) are `topk`'s own."""
+    x = rows_to_rank(V, torch.Generator().manual_seed(V))
+    (top, columns), want = row_topk(x, n), x.topk(n, dim=1)
+    assert torch.equal(columns, want.indices)
+    torch.testing.assert_close(top, want.values, rtol=0, atol=0, equal_nan=True)
+
+
+def test_row_topk_reads_blocks_and_takes_only_tied_rows_whole():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(20, 8000, generator=g).log_softmax(dim=1)
+    with TopkWidths() as untied:
+        row_topk(x, 10)
+    assert 8000 not in untied.widths
+    x[3, :20] = x[3].max()  # one row with a tie among its best
+    with TopkWidths() as tied:
+        top, columns = row_topk(x, 10)
+    assert tied.widths.count(8000) == 1
+    assert columns[3].tolist() == x[3].topk(10).indices.tolist()
+
+
+@pytest.mark.parametrize("half_logits", [False, True])
+def test_beam_search_ranks_rows_by_blocks_unless_the_logits_are_half(half_logits):
+    """Blocks (`row_topk`) or a top-k over each whole row: the same hypotheses; bf16 or fp16
+    logits, tied most steps, take the latter. (No sentence reaches its length limit, where
+    every token but EOS is -inf, a tie that `row_topk` hands to top-k.)"""
+    V = 1500
+    step = random_step(vocab_size=V, eos_growth=2.0)
+    plain = search(step, 3, [40] * 3, beam_size=2, nbest=2, half_logits=True)
+    with TopkWidths() as seen:
+        hyps = search(step, 3, [40] * 3, beam_size=2, nbest=2, half_logits=half_logits)
+    assert hyps == plain and len({len(h.tokens) for n in hyps for h in n}) > 1
+    assert (V in seen.widths) == half_logits
+
+
 def test_beams_are_expanded_and_finished_sentences_dropped_by_reorder():
     # Sentence 0 ends at once (EOS is certain); sentence 1 goes on.
     table = {(): {EOS: 1.0}}
@@ -416,3 +486,33 @@ def test_cached_search_equals_uncached_search(beam_size, options):
     uncached_tokens, uncached_scores = tokens_and_scores(uncached)
     assert cached_tokens == uncached_tokens
     assert cached_scores == pytest.approx(uncached_scores)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("autocast", [False, True])
+def test_translation_scores_are_the_models_log_probabilities(autocast, monkeypatch):
+    """`search_batch`'s hypotheses score the model's log-softmax of each token (computed over
+    the step's logits in place), and autocast's half logits reach beam search as such."""
+    seen, original = [], decoding.beam_search
+
+    def beam_search(*args, **options):
+        seen.append(options["half_logits"])
+        return original(*args, **options)
+
+    monkeypatch.setattr(decoding, "beam_search", beam_search)
+    model = tiny_model().float()
+    src = [[5, 9, 13, 7], [21, 30], [8, 8, 6]]
+    batch = collate(src, None, PAD, BOS, EOS, range(3))
+    decode = DecodeConfig(beam_size=2, length_penalty=0.0, max_len_a=0.0, max_len_b=6)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        hyps = search_batch(model, batch, decode, BOS, EOS)
+    assert seen == [autocast]
+    if autocast:
+        return
+    for source, (best,) in zip(src, hyps):
+        target = torch.tensor([[BOS, *best.tokens, EOS]])
+        logits = model(
+            torch.tensor([source]), target[:, :-1], torch.zeros(1, len(source)).bool(), None
+        )
+        log_prob = F.log_softmax(logits[0], dim=-1).gather(1, target[0, 1:, None]).sum()
+        assert best.log_prob == pytest.approx(log_prob.item(), abs=1e-5)
