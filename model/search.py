@@ -549,7 +549,8 @@ def row_topk(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
     least as large, and at most n blocks can), so the top-k runs over those blocks and the
     columns past the last whole block. Where equal values could make the choice or the order
     of columns differ from top-k's (its own, implementation-defined), the row is taken again
-    by `x.topk`: rare in float32 (`beam_search`'s `half_logits` has the figures).
+    by `x.topk`: rare in float32 (`beam_search`'s `half_logits` has the figures), and so are
+    rows with -inf among their best (a forced EOS) or NaN.
     The (N, V) top-k of beam search's step took 7% of its time (`small`, 8,000 tokens, fp32,
     2 cores): (300, 8000), n 10, 1.9 ms, in blocks 1.1 ms (32 columns 1.3, 128 1.4; Xeon,
     AVX512). GPUs keep top-k, fast there.
