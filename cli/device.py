@@ -98,14 +98,18 @@ CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 
 def bound_decoding_kernels() -> None:
     """Keep at most DECODING_KERNELS oneDNN kernels in this process, unless the user's
-    ONEDNN_PRIMITIVE_CACHE_CAPACITY says otherwise. oneDNN (packed linear layers, bf16 and
-    int8 matmuls) builds a kernel with scratch memory for each shape it meets and keeps up to
+    ONEDNN_PRIMITIVE_CACHE_CAPACITY says otherwise: for decoding in bf16 or int8, not float32
+    (`cli.inference.engines.load_engine`). oneDNN (packed linear layers, bf16 and int8
+    matmuls) builds a kernel with scratch memory for each shape it meets and keeps up to
     1,024; decoding meets hundreds (rows per sentence count, sources' widths, beams per
     sentence), and on AMX each held about a megabyte: `tf translate` of 10,000 lines in bf16
     (`small`, beam 5, 2-core Xeon with AMX) grew from 1.71 GB at a tenth of the run to 2.23 GB
     (1.30x); with 128 kept, 1.56 -> 1.69 GB (1.09x), and the test set's search took 16.4 and
     16.1 s against 16.7 and 16.2 s with 1,024 (alternated): a step meets a dozen shapes, so
-    128 hold its working set.
+    128 hold its working set. Packed float32 kernels are small, and the test set's search
+    at beam 5 met 300 shapes, 800 kernels built where 128 were kept: with 1,024 the 10,000
+    lines took 178 s instead of 182 and peaked at 1.36 GB instead of 1.44 (2-core Xeon with
+    AMX; capped to AVX2, the test set 22.3 s instead of 22.9).
 
     oneDNN reads the variable once, at its first kernel: set for a one-element kernel made
     here, then removed, so that no process this one starts (a `tf train`) inherits it. Where

@@ -150,14 +150,27 @@ def test_decoding_bounds_the_kernels_onednn_keeps_and_leaks_no_variable():
     assert hits[False] >= 2 and hits[True] == 0
 
 
-def test_a_loaded_engine_bounds_its_kernels_unless_the_user_set_it(trained, monkeypatch):
+def test_a_loaded_engine_bounds_its_kernels_in_bf16_and_int8_unless_the_user_set_it(
+    trained, monkeypatch
+):
+    """Bounded before the engine's first kernel (its weights packed or quantized), where they
+    are half precision or int8; float32's are small and many, and kept."""
     import cli.inference.engines as engines
     from cli.device import bound_decoding_kernels
 
-    calls = []
-    monkeypatch.setattr(engines, "bound_decoding_kernels", lambda: calls.append(1))
-    engines.load_engine(str(trained), torch.device("cpu"), [])
-    assert calls == [1]
+    events = []
+    monkeypatch.setattr(engines, "bound_decoding_kernels", lambda: events.append("bound"))
+    monkeypatch.setattr(engines, "pack_linears", lambda m, dtype: events.append(dtype))
+    monkeypatch.setattr(engines, "quantize_int8", lambda m, device: events.append("int8") or m)
+    cpu = torch.device("cpu")
+    engines.load_engine(str(trained), cpu, ["decode.precision=bf16"])
+    assert events == ["bound", torch.bfloat16]
+    events.clear()
+    engines.load_engine(str(trained), cpu, [], int8=True)
+    assert events == ["bound", "int8"]
+    events.clear()
+    engines.load_engine(str(trained), cpu, ["decode.precision=fp32"])
+    assert events == [torch.float32]
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "7")
     bound_decoding_kernels()
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "7"

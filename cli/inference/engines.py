@@ -171,7 +171,6 @@ def load_engine(
             an ensemble with a CTranslate2 directory, or of runs with different tokenizers;
             a `to` the model does not translate into.
     """
-    bound_decoding_kernels()
     runs = [runs] if isinstance(runs, str) else list(runs)
     exported = [r for r in runs if is_ctranslate2_dir(r)]
     if exported and len(runs) > 1:
@@ -191,16 +190,12 @@ def load_engine(
         check_member(other, member_tokenizer, member_config, runs[0], tokenizer, config)
         models.append(member)
     config = with_overrides(config, overrides)
-    if int8:
-        models = [quantize_int8(m, device) for m in models]
-        # Its layers take fp32 activations (quantized on the fly), never autocast's bf16.
+    if int8:  # its layers take fp32 activations (quantized on the fly), never autocast's bf16
         config = replace(config, decode=replace(config.decode, precision="fp32"))
     precision = engine_precision(config.decode.precision, device)
     config = replace(config, decode=replace(config.decode, precision=precision))
     dtype = autocast_dtype(precision, device, "decode.precision")
-    if not int8 and dtype in (None, torch.bfloat16):  # on a CPU: oneDNN, weights packed once
-        for m in models:
-            pack_linears(m, dtype or torch.float32)
+    models = computing_weights(models, device, dtype, int8)
     if len(models) > 1:
         model = Ensemble(models)
         config = replace(config, model=model.config)  # the shortest position table
@@ -250,6 +245,22 @@ def check_member(
             f"{run}: its decoder starts from {start}, {first}'s from {first_start} "
             "(model.decoder_start); an ensemble's members start alike"
         )
+
+
+def computing_weights(
+    models: list[Transformer], device: torch.device, dtype: torch.dtype | None, int8: bool
+) -> list[Transformer]:
+    """The models with their weights as the engine computes with them: in int8
+    (`quantize_int8`), or packed once for oneDNN on a CPU (float32, bf16). In bf16 and int8
+    the kernels oneDNN keeps are bounded first (`bound_decoding_kernels`: before its first)."""
+    if int8 or dtype is not None:
+        bound_decoding_kernels()
+    if int8:
+        return [quantize_int8(m, device) for m in models]
+    if dtype in (None, torch.bfloat16):
+        for m in models:
+            pack_linears(m, dtype or torch.float32)
+    return models
 
 
 def quantize_int8(model: Transformer, device: torch.device) -> Transformer:
