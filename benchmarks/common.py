@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,24 @@ def cpu_name() -> str:
         return model
     named = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
     return f"{model} ({', '.join(named) or 'no avx2'})"
+
+
+def stolen_seconds(stat: Path = Path("/proc/stat")) -> float:
+    """CPU time the hypervisor has given to other guests so far, summed over this machine's
+    CPUs: /proc/stat's steal column (0 where there is none). On shared virtual machines a
+    neighbour's load took a third of the wall time of some `tf translate` runs of the test
+    set, and doubled CTranslate2's, where nothing else ran in the guest; the benchmarks report
+    it beside their figures and run a disturbed measurement again."""
+    try:
+        with stat.open() as lines:
+            fields = lines.readline().split()  # cpu user nice system idle iowait irq softirq steal
+    except OSError:
+        return 0.0
+    if fields[:1] != ["cpu"] or len(fields) < 9:
+        return 0.0
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+
+
+def steal_share(stolen: float, seconds: float) -> float:
+    """The share of all CPUs' time over `seconds` of wall time that `stolen` seconds were."""
+    return stolen / (seconds * (os.cpu_count() or 1)) if seconds > 0 else 0.0

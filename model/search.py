@@ -181,7 +181,7 @@ def greedy_search(
     """
 
     def most_probable(log_probs: Tensor, t: int, rows: Tensor) -> Tensor:
-        return log_probs.argmax(dim=1)  # ties go to the first id
+        return row_argmax(log_probs)  # ties go to the first id
 
     rows = _row_search(
         step, state, reorder, most_probable, batch_size=batch_size, per_sentence=1,
@@ -272,7 +272,7 @@ def sample_tokens(log_probs: Tensor, uniform: Tensor, sampling: Sampling) -> Ten
     Shape: log_probs (N, V), uniform (N,) in [0, 1) -> (N,) long.
     """
     if sampling.topk == 1:
-        return log_probs.argmax(dim=1)  # exactly greedy's choice, ties included
+        return row_argmax(log_probs)  # exactly greedy's choice, ties included
     if sampling.topk > 0:
         top, words = log_probs.topk(min(sampling.topk, log_probs.size(1)), dim=1)  # (N, k)
     else:
@@ -574,6 +574,28 @@ def row_topk(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
         rows = tied.nonzero().squeeze(1)
         top[rows], columns[rows] = x[rows].topk(n, dim=1)
     return top, columns
+
+
+def row_argmax(x: Tensor) -> Tensor:
+    """`x.argmax(dim=1)` of a wide 2-D x on a CPU, the same columns (the first largest, or the
+    first NaN), from the maxima of blocks of `TOPK_BLOCK` columns: the first block whose
+    maximum is the row's holds its first largest value, so argmax runs over the blocks' maxima
+    and then within that block. On a CPU argmax reads a row element by element, 12x as slow as
+    amax: (600, 8000) float32 took 6.3 ms, amax 0.5, this 1.1 (2 cores, Xeon with AMX); it
+    had been 5% of greedy search of the test set. GPUs keep argmax.
+    """
+    N, V = x.shape
+    whole = V // TOPK_BLOCK
+    if x.device.type != "cpu" or whole < 2:
+        return x.argmax(dim=1)
+    block_max = x[:, : whole * TOPK_BLOCK].view(N, whole, TOPK_BLOCK).amax(dim=2)  # (N, W)
+    if whole * TOPK_BLOCK < V:  # the columns past the last whole block, as one more block
+        block_max = torch.cat([block_max, x[:, whole * TOPK_BLOCK :].amax(dim=1, keepdim=True)], 1)
+    # The chosen block's TOPK_BLOCK columns; the last block's end at V, overlapping the one
+    # before, which then holds no largest value (else argmax would have chosen it).
+    start = (block_max.argmax(dim=1) * TOPK_BLOCK).clamp_(max=V - TOPK_BLOCK)  # (N,)
+    columns = start[:, None] + torch.arange(TOPK_BLOCK, device=x.device)  # (N, TOPK_BLOCK)
+    return start + x.gather(1, columns).argmax(dim=1)
 
 
 def _add_finished(

@@ -8,12 +8,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks import decode_bench, run, train_bench
+from benchmarks import common, decode_bench, engines_bench, run, train_bench
 from benchmarks.common import corpus_batches
 from benchmarks.run import SMOKE
 from cli.config import load_config
@@ -141,8 +142,49 @@ def test_engines(out, trained, capsys):
     ]
     assert_numbers(r, keys)
     assert all(f"{engine}_{search}_bleu" in r for engine in engines for search in SEARCHES)
+    assert all(0 <= r[f"{engine}_{search}_steal"] <= 1 for engine in engines for search in SEARCHES)
     table = capsys.readouterr().out
-    assert all(engine in table for engine in engines)
+    assert all(engine in table for engine in engines) and "host steal" in table
+
+
+class FakeWorker:
+    """A search that takes 10 s, then 5, then 3.3 (to tell the tries apart), while the host
+    steals the next of `steals` seconds."""
+
+    def __init__(self, steals: list[float], clock: list[float]):
+        self.steals, self.clock, self.calls = iter(steals), clock, 0
+
+    def translate(self, beam: int):
+        self.calls += 1
+        self.clock[0] += next(self.steals)
+        return 10.0 / self.calls, [[self.calls]]  # each try faster, to tell them apart
+
+
+@pytest.mark.parametrize(
+    ("steals", "calls", "kept"),
+    [
+        ([0.0], 1, 1),  # undisturbed: run once
+        ([8.0, 0.0], 2, 2),  # 8 s of 2 CPUs x 10 s stolen: run again
+        ([8.0, 3.0, 7.0], 3, 2),  # 40%, 30%, 105%: the least disturbed try is kept
+    ],
+)
+def test_a_search_the_host_disturbed_runs_again(monkeypatch, steals, calls, kept):
+    clock = [0.0]
+    monkeypatch.setattr(engines_bench, "stolen_seconds", lambda: clock[0])
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    worker = FakeWorker(steals, clock)
+    seconds, stolen, outputs = engines_bench.undisturbed(worker, beam=5)
+    assert worker.calls == calls and outputs == [[kept]]
+    assert stolen == pytest.approx(steals[kept - 1] / (2 * seconds))
+
+
+def test_stolen_seconds_reads_the_steal_column(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 900 3 0 2 250 0 0\ncpu0 50 0 25 450 1 0 1 125 0 0\n")
+    assert common.stolen_seconds(stat) == 250 / os.sysconf("SC_CLK_TCK")
+    stat.write_text("intr 1 2 3\n")  # no cpu line: nothing to read
+    assert common.stolen_seconds(stat) == 0.0
+    assert common.stolen_seconds(tmp_path / "missing") == 0.0  # no /proc: not Linux
 
 
 def test_scaling(out, trained, capsys):

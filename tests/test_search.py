@@ -22,6 +22,7 @@ from model.search import (
     beam_search,
     gnmt_length_penalty,
     greedy_search,
+    row_argmax,
     row_topk,
 )
 from model.transformer import ModelConfig, Transformer
@@ -312,6 +313,20 @@ def test_row_topk_equals_top_k(V, n):
     (top, columns), want = row_topk(x, n), x.topk(n, dim=1)
     assert torch.equal(columns, want.indices)
     torch.testing.assert_close(top, want.values, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("V", [8000, 3001, 1000, 100, 64])
+def test_row_argmax_equals_argmax(V):
+    """The first largest column, as argmax: on `rows_to_rank`'s rows (ties, -inf, NaN, the best
+    in the partial last block), and rows whose largest value recurs in a later block, in the
+    partial last block too (whose columns the last whole block's end overlaps)."""
+    x = rows_to_rank(V, torch.Generator().manual_seed(V))
+    recurring = torch.zeros(3, V)
+    recurring[0, [V // 3, V // 2, V - 1]] = 1.0  # in three blocks: the first of them
+    recurring[1, [V - 70, V - 1]] = 1.0  # before the overlap, and in the last block
+    recurring[2, V - 1] = 1.0  # the very last column only
+    x = torch.cat([x, recurring])
+    assert torch.equal(row_argmax(x), x.argmax(dim=1))
 
 
 def test_row_topk_reads_blocks_and_takes_only_tied_rows_whole():
