@@ -113,8 +113,8 @@ def stolen_seconds(stat: Path = Path("/proc/stat")) -> float:
     """CPU time the hypervisor has given to other guests so far, summed over this machine's
     CPUs: /proc/stat's steal column (0 where there is none). On shared virtual machines a
     neighbour's load took a third of the wall time of some `tf translate` runs of the test
-    set, and doubled CTranslate2's, where nothing else ran in the guest; the benchmarks report
-    it beside their figures and run a disturbed measurement again."""
+    set, and doubled CTranslate2's, where nothing else ran in the guest; the engines benchmark
+    reports it beside its figures and runs a disturbed search again."""
     try:
         with stat.open() as lines:
             fields = lines.readline().split()  # cpu user nice system idle iowait irq softirq steal
