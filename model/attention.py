@@ -187,14 +187,24 @@ def keep_mask(key_pad_mask: Tensor | None) -> Tensor | None:
     return keep | ~keep.any(dim=-1, keepdim=True)
 
 
+# A float32 decoding step's attention on a CPU, one query per row and head, is written out
+# from this many queries (rows x heads) up. SDPA's fused kernel spends about a microsecond on
+# each (row, head) pair whatever its work, which at one query is little. Over 30 keys, 4 heads
+# (2 cores, Xeon with AMX): 128 rows took 0.50 ms fused and 0.33 written out, 48 rows about
+# the same both ways, 32 rows 0.051 and 0.060. Greedy search of the test set, `small`, with
+# the small layers on MKL (`model.packed.SMALL_MACS`): 0.93x the time, the same translations.
+WRITTEN_OUT_QUERIES = 192
+
+
 def written_out_attention(
     q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, is_causal: bool, dropout_p: float
 ) -> Tensor:
-    """What `scaled_dot_product_attention` computes, as two half-precision matmuls around a
-    float32 softmax, for CPU autocast: there torch's fused kernel (flash) took 30 ms for the
-    forward and backward of one (64, 4, 36, 64) bf16 attention, its math backend 11 ms, this
-    6 ms (benchmarks/attention_bench.py); it was a fifth of a bf16 training update. (In fp32
-    the fused kernel is the faster, in training and in decoding steps alike.)"""
+    """What `scaled_dot_product_attention` computes, as two matmuls around a float32 softmax,
+    where torch's fused kernel (flash) is the slower on a CPU. Under autocast it took 30 ms for
+    the forward and backward of one (64, 4, 36, 64) bf16 attention, its math backend 11 ms,
+    this 6 ms (benchmarks/attention_bench.py); it was a fifth of a bf16 training update. In
+    float32 the fused kernel is the faster in training, and in decoding steps but those of
+    many rows (`WRITTEN_OUT_QUERIES`)."""
     scores = (q * q.size(-1) ** -0.5) @ k.transpose(-2, -1)  # (B, H, T, S)
     if is_causal:  # SDPA's convention: query i sees keys 0..i
         T, S = scores.shape[-2:]
@@ -206,6 +216,13 @@ def written_out_attention(
     if dropout_p:
         probs = F.dropout(probs, dropout_p)
     return probs.to(v.dtype) @ v
+
+
+def _many_single_queries(q: Tensor) -> bool:
+    """Whether q (B, H, T, D/H) is a decoding step's one query per row and head, and there are
+    many (`WRITTEN_OUT_QUERIES`)."""
+    B, H, T, _ = q.shape
+    return T == 1 and B * H >= WRITTEN_OUT_QUERIES and not torch.is_grad_enabled()
 
 
 class MultiheadAttention(nn.Module):
@@ -287,7 +304,7 @@ class MultiheadAttention(nn.Module):
                     q.float(), k.float(), v.float(), attn_mask=keep, is_causal=is_causal
                 )
             out = out.to(q.dtype)
-        elif q.device.type == "cpu" and half:
+        elif q.device.type == "cpu" and (half or _many_single_queries(q)):
             out = written_out_attention(q, k, v, keep, is_causal, dropout_p)
         else:
             out = F.scaled_dot_product_attention(

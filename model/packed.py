@@ -26,6 +26,15 @@ from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
 
+# Below this many multiply-adds (rows x inputs x outputs) a float32 layer runs MKL's sgemm on
+# its plain weight: a call to oneDNN costs some 35 us more than one to MKL (1 to 4 rows of any
+# of `small`'s layers: 40-55 us against 12-25), which it wins back on larger products only.
+# MKL was the faster up to 12 rows of the (1024, 256) layer (3.1 M), 16 of (256, 1024) (4.2
+# M), 2 to 4 of the (8000, 256) output layer (4-8 M); 2 cores, Xeon with AMX. The test set
+# translated one sentence at a time, `small`: greedy 0.72x the time, beam 5 0.83x, the same
+# translations (a batch's steps, of hundreds of rows, run as before but for its last ones).
+SMALL_MACS = 1 << 22
+
 
 def can_pack(dtype: torch.dtype = torch.float32) -> bool:
     """Whether this PyTorch has oneDNN's packed linear kernels, in bf16 only where the CPU
@@ -58,8 +67,12 @@ class PackedLinear(nn.Module):
         autocast = torch.is_autocast_enabled("cpu")
         if autocast and torch.get_autocast_dtype("cpu") == self.dtype != torch.float32:
             x = x.to(self.dtype)  # as autocast would
-        elif autocast or x.dtype != self.dtype:
+        elif autocast or x.dtype != self.dtype or x.numel() * self.out_features < SMALL_MACS:
             return _then_relu(F.linear(x, self.weight, self.bias), relu)
+        return self.packed_linear(x, relu)
+
+    def packed_linear(self, x: Tensor, relu: bool = False) -> Tensor:
+        """oneDNN's kernel on the packed weight, x already in `dtype`."""
         post = "relu" if relu else "none"
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.packed_bias, post, [], "")
 
@@ -91,8 +104,10 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> bool:
     from model.attention import MultiheadAttention  # which imports this module
 
     try:
-        with torch.no_grad(), torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-            probe = PackedLinear(torch.ones(2, 3), torch.zeros(2), dtype)(torch.ones(1, 3))
+        with torch.no_grad():
+            probe = PackedLinear(torch.ones(2, 3), torch.zeros(2), dtype).packed_linear(
+                torch.ones(1, 3, dtype=dtype)
+            )
         if probe.tolist() != [[3.0, 3.0]]:
             raise RuntimeError(f"1x3 ones by 3x2 ones gave {probe.tolist()}")
     except RuntimeError as err:

@@ -488,6 +488,33 @@ def test_training_under_cpu_autocast_takes_the_written_out_attention(monkeypatch
     assert not calls
 
 
+def test_decoding_steps_of_many_rows_take_the_written_out_attention(monkeypatch):
+    """At one query a row, SDPA's fused CPU kernel costs about a microsecond per (row, head):
+    a step with WRITTEN_OUT_QUERIES of them or more attends written out, self- and
+    cross-attention alike, and computes what full decoding does (padded sources); a step with
+    fewer, the fused kernel."""
+    import model.attention as attention
+
+    calls = []
+    real = attention.written_out_attention
+    monkeypatch.setattr(attention, "written_out_attention", lambda *a: calls.append(1) or real(*a))
+    model = tiny_model()
+    rows = -(-attention.WRITTEN_OUT_QUERIES // model.config.n_heads)  # the fewest that do
+    src, pad = padded_batch([1 + i % 7 for i in range(rows)], seed=0)
+    tgt, _ = padded_batch([4] * rows, seed=1)
+    with torch.no_grad():
+        memory = model.encode(src, pad)
+        full = model.project(model.decode(tgt, memory, pad, None))  # (rows, 4, V)
+        assert not calls  # a whole sequence at once: the fused kernel
+        cached = step_by_step(model, memory, pad, tgt)
+        assert len(calls) == 4 * 2 * model.config.n_decoder_layers
+        calls.clear()
+        fewer = step_by_step(model, memory[1:], pad[1:], tgt[1:])
+    assert not calls
+    assert_close(cached, full, atol=1e-5, rtol=1e-5)
+    assert_close(fewer, full[1:], atol=1e-5, rtol=1e-5)
+
+
 def test_decoding_under_cpu_autocast_attends_in_float32(monkeypatch):
     """Without gradients (decoding) attention under CPU autocast runs in float32 (no per-shape
     half-precision kernels): SDPA computes in float32 (autocast would cast float32 inputs to

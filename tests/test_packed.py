@@ -9,7 +9,9 @@ import torch.nn.functional as F
 from test_search import BOS, EOS, PAD, tiny_model
 from test_shapes import sentences
 from torch.profiler import ProfilerActivity, profile
+from torch.testing import assert_close
 
+import model.packed as packed_module
 from cli.config import DecodeConfig
 from cli.device import engine_precision
 from cli.inference.decoding import search_batch
@@ -19,6 +21,12 @@ from data.batching import collate
 from model.packed import PackedLinear, can_pack, is_packed, linear_activation, pack_linears
 
 pytestmark = pytest.mark.skipif(not can_pack(), reason="this PyTorch has no oneDNN")
+
+
+@pytest.fixture
+def every_product_packed(monkeypatch):
+    """Packed layers run oneDNN's kernel at the tiny models' sizes too (`SMALL_MACS`)."""
+    monkeypatch.setattr(packed_module, "SMALL_MACS", 0)
 
 
 def packed_pair(dtype=torch.float32):
@@ -56,7 +64,7 @@ def searched(model, autocast: bool = False) -> list:
 
 
 @torch.no_grad()
-def test_a_packed_model_translates_as_the_plain_one():
+def test_a_packed_model_translates_as_the_plain_one(every_product_packed):
     plain, packed = packed_pair()
     src = torch.randint(4, 40, (6, 5))
     pad = torch.arange(5)[None] >= torch.tensor([5, 3, 4, 2, 5, 1])[:, None]
@@ -94,7 +102,7 @@ def test_packed_in_bf16_equals_autocast_exactly():
 
 @torch.no_grad()
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_packed_feed_forward_runs_relu_in_its_kernel(dtype):
+def test_a_packed_feed_forward_runs_relu_in_its_kernel(dtype, every_product_packed):
     """ReLU after a packed FFN layer is oneDNN's post-op: relu(linear)'s numbers, in float32
     and in bf16 under autocast, without a ReLU op of its own; other activations and the plain
     layers' way (gradients) apply it after."""
@@ -114,6 +122,24 @@ def test_a_packed_feed_forward_runs_relu_in_its_kernel(dtype):
     assert fused.dtype == expected.dtype and torch.equal(fused, expected)
     with torch.enable_grad():
         assert torch.equal(layer(x, relu=True), F.relu(F.linear(x, layer.weight, layer.bias)))
+
+
+@torch.no_grad()
+def test_small_float32_products_run_mkl_on_the_plain_weight():
+    """Below SMALL_MACS multiply-adds a float32 call goes to MKL (oneDNN's costs ~35 us more),
+    from it on to oneDNN's kernel; both compute the plain layer's numbers, ReLU included."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(64, 32), torch.randn(64)
+    layer = PackedLinear(weight, bias)
+    rows = packed_module.SMALL_MACS // (64 * 32)  # the fewest that reach it
+    for n, kernel in ((rows - 1, "aten::addmm"), (rows, "mkldnn::_linear_pointwise")):
+        x = torch.randn(n, 32)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            y = layer(x, relu=True)
+        names = {e.name for e in prof.events()}
+        other = ({"aten::addmm", "mkldnn::_linear_pointwise"} - {kernel}).pop()
+        assert kernel in names and other not in names, n
+        assert_close(y, F.relu(F.linear(x, weight, bias)), atol=1e-4, rtol=1e-4)
 
 
 def test_engines_decode_auto_in_packed_fp32_on_cpus_without_amx(monkeypatch, trained):
