@@ -131,7 +131,7 @@ def test_small_float32_products_run_mkl_on_the_plain_weight():
     torch.manual_seed(0)
     weight, bias = torch.randn(64, 32), torch.randn(64)
     layer = PackedLinear(weight, bias)
-    rows = packed_module.SMALL_MACS // (64 * 32)  # the fewest that reach it
+    rows = -(-packed_module.SMALL_MACS // (64 * 32))  # the fewest that reach it
     for n, kernel in ((rows - 1, "aten::addmm"), (rows, "mkldnn::_linear_pointwise")):
         x = torch.randn(n, 32)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
