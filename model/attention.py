@@ -191,8 +191,9 @@ def keep_mask(key_pad_mask: Tensor | None) -> Tensor | None:
 # from this many queries (rows x heads) up. SDPA's fused kernel spends about a microsecond on
 # each (row, head) pair whatever its work, which at one query is little. Over 30 keys, 4 heads
 # (2 cores, Xeon with AMX): 128 rows took 0.50 ms fused and 0.33 written out, 48 rows about
-# the same both ways, 32 rows 0.051 and 0.060. Greedy search of the test set, `small`, with
-# the small layers on MKL (`model.packed.SMALL_MACS`): 0.93x the time, the same translations.
+# the same both ways, 32 rows 0.051 and 0.060. Greedy search of the whole test set, `small`,
+# alternated in one process: 0.92x the time in one set of passes, 0.99x in another, the same
+# translations; end to end no change was measurable through the machine's noise.
 WRITTEN_OUT_QUERIES = 192
 
 
