@@ -187,6 +187,17 @@ def keep_mask(key_pad_mask: Tensor | None) -> Tensor | None:
     return keep | ~keep.any(dim=-1, keepdim=True)
 
 
+def keep_bias(keep: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """A keep-mask (`keep_mask`) as the additive one SDPA takes as well: 0 where kept, -inf
+    elsewhere, in `dtype`, the queries' (SDPA's CPU kernel read a float32 mask of float64
+    queries as float64). A decoding cache keeps this: SDPA turns a boolean mask into it at
+    every call, and `written_out_attention` took two ops a step where it now takes one."""
+    if keep is None:
+        return None
+    bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
+    return bias.masked_fill_(~keep, float("-inf"))
+
+
 # A float32 decoding step's attention on a CPU, one query per row and head, is written out
 # from this many queries (rows x heads) up. SDPA's fused kernel spends about a microsecond on
 # each (row, head) pair whatever its work, which at one query is little. Over 30 keys, 4 heads
@@ -211,7 +222,9 @@ def written_out_attention(
         T, S = scores.shape[-2:]
         future = torch.ones(T, S, dtype=torch.bool, device=q.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
-    if keep is not None:
+    if keep is not None and keep.is_floating_point():  # `keep_bias`
+        scores = scores + keep
+    elif keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1)
     if dropout_p:
@@ -287,7 +300,8 @@ class MultiheadAttention(nn.Module):
     ) -> Tensor:
         """softmax(QK^T / sqrt(d_k)) V over the heads, then W_o (paper eq. 1).
 
-        q (B, H, T, D/H), k and v (B, H, S, D/H), keep broadcastable to (B, H, T, S) or None,
+        q (B, H, T, D/H), k and v (B, H, S, D/H), keep broadcastable to (B, H, T, S) or None
+        (boolean, True = may attend, or additive: `keep_bias`),
         is_causal: query i sees keys up to i (SDPA's flag, which admits its fastest kernels)
         -> (B, T, D).
         """

@@ -23,6 +23,7 @@ from model.attention import (
     MultiheadAttention,
     SelfAttention,
     StepCache,
+    keep_bias,
     keep_mask,
     rows_to_move,
 )
@@ -103,6 +104,13 @@ def sinusoidal_positions(
     return pe.reshape(n_positions, d_model).float()  # (P, D): sin, cos, sin, cos, ...
 
 
+def dropped(dropout: nn.Dropout, x: Tensor) -> Tensor:
+    """dropout(x), without calling the module where it does nothing (evaluation, or p = 0):
+    a decoding step made 16 such calls, a tenth of its time at one row where the arithmetic
+    is nil (16-wide layers: 0.68 -> 0.61 ms, 2 cores)."""
+    return dropout(x) if dropout.training and dropout.p > 0 else x
+
+
 def causal_mask(size: int, device: torch.device | None = None) -> Tensor:
     """(T, T) bool, True = blocked: position i may not attend to j > i."""
     return torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
@@ -134,7 +142,7 @@ class Embedding(nn.Module):
         if end > self.max_positions:
             raise ValueError(f"position {end - 1} is beyond max_positions {self.max_positions}")
         x = self.token(ids) * self.scale + self.positions[start:end]
-        return self.dropout(x)
+        return dropped(self.dropout, x)
 
 
 class EncoderLayer(nn.Module):
@@ -169,12 +177,12 @@ class EncoderLayer(nn.Module):
         return x
 
     def _sa_block(self, x: Tensor, src_keep: Tensor | None) -> Tensor:
-        return self.dropout1(self.self_attn(x, keep=src_keep))
+        return dropped(self.dropout1, self.self_attn(x, keep=src_keep))
 
     def _ff_block(self, x: Tensor) -> Tensor:
         """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2 (max(0, .): `model.activation`)."""
         hidden = linear_activation(self.linear1, self.activation, x)  # (..., d_ff)
-        return self.dropout2(self.linear2(self.dropout(hidden)))
+        return dropped(self.dropout2, self.linear2(dropped(self.dropout, hidden)))
 
 
 class DecoderLayer(nn.Module):
@@ -234,7 +242,7 @@ class DecoderLayer(nn.Module):
         return x
 
     def _sa_block(self, x: Tensor, causal: bool, cache: StepCache | None) -> Tensor:
-        return self.dropout1(self.self_attn(x, is_causal=causal, cache=cache))
+        return dropped(self.dropout1, self.self_attn(x, is_causal=causal, cache=cache))
 
     def _mha_block(
         self,
@@ -244,15 +252,15 @@ class DecoderLayer(nn.Module):
         attention: list[Tensor] | None = None,
     ) -> Tensor:
         if attention is None:
-            return self.dropout2(self.multihead_attn(x, memory_kv, src_keep))
+            return dropped(self.dropout2, self.multihead_attn(x, memory_kv, src_keep))
         out, probabilities = self.multihead_attn.forward_with_probabilities(x, memory_kv, src_keep)
         attention.append(probabilities)
-        return self.dropout2(out)
+        return dropped(self.dropout2, out)
 
     def _ff_block(self, x: Tensor) -> Tensor:
         """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2 (max(0, .): `model.activation`)."""
         hidden = linear_activation(self.linear1, self.activation, x)  # (..., d_ff)
-        return self.dropout3(self.linear2(self.dropout(hidden)))
+        return dropped(self.dropout3, self.linear2(dropped(self.dropout, hidden)))
 
 
 def _final_norm(config: ModelConfig) -> nn.LayerNorm | None:
@@ -321,7 +329,7 @@ class DecoderCache:
     # Per layer, the source's keys/values, (B, H, S, D/H) each, once per sentence: its N / B
     # rows (beams) share them (see CrossAttention.forward), so a beam reorder copies nothing.
     cross_attn: list[KVCache]
-    src_keep: Tensor | None  # (B, 1, 1, S) from `keep_mask`, built once per cache
+    src_keep: Tensor | None  # (B, 1, 1, S) additive (`keep_bias`), built once per cache
     step: int = 0  # tokens fed so far = position of the next one
     group: int = 1  # rows per sentence: N = group * B
 
@@ -506,10 +514,11 @@ class Transformer(nn.Module):
 
         Shape: memory (N, S, D), src_pad_mask (N, S).
         """
+        cross_attn = self.decoder.project_memory(memory)
         return DecoderCache(
             self_attn=[StepCache(steps) for _ in self.decoder.layers],
-            cross_attn=self.decoder.project_memory(memory),
-            src_keep=keep_mask(src_pad_mask),
+            cross_attn=cross_attn,
+            src_keep=keep_bias(keep_mask(src_pad_mask), cross_attn[0].keys.dtype),
         )
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:

@@ -446,11 +446,13 @@ def test_the_attention_pass_runs_each_decoder_layer_once():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_cpu_half_precision_attention_equals_sdpa(causal):
+@pytest.mark.parametrize("as_bias", [False, True])
+def test_cpu_half_precision_attention_equals_sdpa(causal, as_bias):
     """The written-out attention used under CPU autocast (torch's fused CPU kernel is 5x slower
     there) computes what scaled_dot_product_attention does: values and gradients, with a
-    key-padding mask, the causal flag, and all-masked rows handled as `keep_mask` makes them."""
-    from model.attention import keep_mask, written_out_attention
+    key-padding mask (boolean, or additive as `keep_bias` makes it), the causal flag, and
+    all-masked rows handled as `keep_mask` makes them."""
+    from model.attention import keep_bias, keep_mask, written_out_attention
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(3, 2, 7, 8, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -458,7 +460,8 @@ def test_cpu_half_precision_attention_equals_sdpa(causal):
     pad[1, 4:] = True
     pad[2, :] = causal is False  # an all-padding row (keep_mask lets it see every key)
     keep = keep_mask(pad)
-    ours = written_out_attention(q, k, v, keep, causal, 0.0)
+    mask = keep_bias(keep, torch.bfloat16) if as_bias else keep
+    ours = written_out_attention(q, k, v, mask, causal, 0.0)
     ours.float().square().sum().backward()
     mine = [t.grad.clone() for t in (q, k, v)]
     for t in (q, k, v):
@@ -513,6 +516,61 @@ def test_decoding_steps_of_many_rows_take_the_written_out_attention(monkeypatch)
     assert not calls
     assert_close(cached, full, atol=1e-5, rtol=1e-5)
     assert_close(fewer, full[1:], atol=1e-5, rtol=1e-5)
+
+
+def test_keep_bias_is_the_additive_mask_in_the_queries_dtype():
+    from model.attention import keep_bias, keep_mask
+
+    pad = torch.tensor([[False, False, True], [True, True, True]])
+    bias = keep_bias(keep_mask(pad), torch.float64)
+    assert bias.dtype == torch.float64 and bias.shape == (2, 1, 1, 3)
+    inf = float("-inf")
+    assert bias.flatten(1).tolist() == [[0.0, 0.0, inf], [0.0, 0.0, 0.0]]  # all-padding: all
+    assert keep_bias(None, torch.float32) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_decoding_steps_take_the_cache_s_additive_mask(dtype, monkeypatch):
+    """A decoding cache keeps the source's mask additive, in the keys' dtype (SDPA's CPU kernel
+    read a float32 mask of float64 queries as float64, and turns a boolean one into an
+    additive one at every call): every attention of a step with a mask gets that tensor."""
+    model = tiny_model().to(dtype)
+    src, pad = padded_batch([5, 3], seed=0)
+    masks = []
+    real = F.scaled_dot_product_attention
+
+    def recorded(q, k, v, attn_mask=None, **kwargs):
+        masks.append(attn_mask)
+        return real(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recorded)
+    with torch.no_grad():
+        cache = model.init_cache(model.encode(src, pad), pad)
+        masks.clear()
+        model.decode_step(torch.tensor([BOS, BOS]), cache)
+    given = [m for m in masks if m is not None]
+    assert len(given) == model.config.n_decoder_layers  # cross-attention's
+    assert all(m is cache.src_keep for m in given) and cache.src_keep.dtype == dtype
+
+
+def test_decoding_calls_no_dropout_module():
+    """Dropout that does nothing (evaluation, or p = 0) is not called: a decoding step made
+    16 module calls for nothing. Training calls those with p > 0 (here the residual ones, the
+    FFN's activation dropout being 0)."""
+    model = tiny_model(dropout=0.1)
+    calls = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.register_forward_hook(lambda module, args, out: calls.append(module))
+    src, src_pad, tgt_in, tgt_pad = batch()
+    with torch.no_grad():
+        cache = model.init_cache(model.encode(src, src_pad), src_pad)
+        model.decode_step(tgt_in[:, 0], cache)
+        model(src, tgt_in, src_pad, tgt_pad)
+    assert not calls
+    model.train()
+    model(src, tgt_in, src_pad, tgt_pad)
+    assert calls and {module.p for module in calls} == {0.1}
 
 
 def test_decoding_under_cpu_autocast_attends_in_float32(monkeypatch):
