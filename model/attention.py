@@ -189,9 +189,11 @@ def keep_mask(key_pad_mask: Tensor | None) -> Tensor | None:
 
 def keep_bias(keep: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     """A keep-mask (`keep_mask`) as the additive one SDPA takes as well: 0 where kept, -inf
-    elsewhere, in `dtype`, the queries' (SDPA's CPU kernel read a float32 mask of float64
-    queries as float64). A decoding cache keeps this: SDPA turns a boolean mask into it at
-    every call, and `written_out_attention` took two ops a step where it now takes one."""
+    elsewhere, in `dtype`, the attention's (a decoding cache takes its keys'; SDPA's CPU kernel
+    read a float32 mask of float64 queries as float64). A decoding cache keeps this: SDPA
+    turns a boolean mask into it at every call, and `written_out_attention` took two ops a
+    step where it now takes one. Training keeps the boolean mask (`keep_mask`), which SDPA
+    turns into an additive one in the queries' dtype itself, whatever autocast made it."""
     if keep is None:
         return None
     bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)

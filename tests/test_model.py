@@ -518,7 +518,7 @@ def test_decoding_steps_of_many_rows_take_the_written_out_attention(monkeypatch)
     assert_close(fewer, full[1:], atol=1e-5, rtol=1e-5)
 
 
-def test_keep_bias_is_the_additive_mask_in_the_queries_dtype():
+def test_keep_bias_is_the_additive_mask_in_the_dtype_asked():
     from model.attention import keep_bias, keep_mask
 
     pad = torch.tensor([[False, False, True], [True, True, True]])
