@@ -42,8 +42,9 @@ from model.search import (
     ReorderFn,
     State,
     StepFn,
-    _index_on,
+    _best_length_penalty,
     _initial_beams,
+    _on_device,
     _sentence_done,
     apply_step_rules,
     gnmt_length_penalty,
@@ -156,7 +157,7 @@ def constrained_beam_search(
             log_probs, t, beams, max_lens, eos_id, min_len, shortest, no_repeat_ngram_size, prefix
         )
         unmet = [not p.done(constraints[b]) for p, b in zip(progress, sentences)]
-        no_eos = _index_on([i for i, u in enumerate(unmet) if u], device)
+        no_eos = _on_device([i for i, u in enumerate(unmet) if u], device)
         log_probs[no_eos, eos_id] = float("-inf")  # EOS only once every constraint is met
         scores = beams.log_probs[:, None] + log_probs  # (N, V)
         candidates = _candidates(scores, k, 2 * rows_each, progress, sentences, constraints)
@@ -179,10 +180,10 @@ def constrained_beam_search(
         if not selected:
             break
         chosen = [c for sentence in selected for c in sentence]
-        index = _index_on([c.row for c in chosen], device)
-        tokens = _index_on([c.token for c in chosen], device)
-        log_prob = torch.tensor([c.score for c in chosen], dtype=scores.dtype)
-        beams = beams.take(index).extend(tokens, log_prob.to(device))
+        index = _on_device([c.row for c in chosen], device)
+        tokens = _on_device([c.token for c in chosen], device)
+        log_prob = _on_device([c.score for c in chosen], device, scores.dtype)
+        beams = beams.take(index).extend(tokens, log_prob)
         state = reorder(state, index, rows_each)
         progress = [c.progress for c in chosen]
         outputs = [outputs[c.row] + [c.token] for c in chosen]
@@ -260,9 +261,3 @@ def _finish_and_select(
             if rank < len(bank) and len(chosen) < beam_size:
                 chosen.append(bank[rank])
     return sorted(chosen, key=lambda c: c.score, reverse=True)
-
-
-def _best_length_penalty(t: int, max_len: int, alpha: float) -> float:
-    """The largest lp a live hypothesis after step t can still reach (see
-    `model.search._best_possible_scores`)."""
-    return gnmt_length_penalty(max_len + 1 if alpha >= 0 else t + 2, alpha)

@@ -26,6 +26,7 @@ no length penalty: its score is the log-probability.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -328,7 +329,7 @@ def _row_search(
         ended = (tokens == eos_id) | (row_max_lens <= t)  # (N,) the latter even if EOS is -inf
         host_ended = ended.tolist()  # the step's one wait for the device
         if any(host_ended):
-            rows = _index_on([i for i, e in enumerate(host_ended) if e], device)
+            rows = _on_device([i for i, e in enumerate(host_ended) if e], device)
             for row, output, log_prob in zip(
                 row_ids.index_select(0, rows).tolist(),
                 beams.tokens.index_select(0, rows).tolist(),
@@ -338,7 +339,7 @@ def _row_search(
                 results[row] = (output, log_prob)
             if all(host_ended):
                 break
-            live = _index_on(
+            live = _on_device(
                 _in_place_order([i for i, e in enumerate(host_ended) if not e]), device
             )
             state = reorder(state, live, 1)
@@ -408,6 +409,7 @@ def beam_search(
     enough = max(nbest, round(beam_size * patience)) if patience > 0 else 0  # 0: no such stop
     device = max_lens.device
     beams = _initial_beams(batch_size, device)
+    groups = list(range(batch_size))  # the sentence of each live group of k rows
     tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)
     host_max_lens = max_lens.tolist()
     shortest = min(host_max_lens)
@@ -421,44 +423,53 @@ def beam_search(
         top, rows, words = _best_extensions(
             log_probs, beams.log_probs, k, 2 * beam_size, ranked, blocks=not half_logits
         )
-        is_eos = words == eos_id  # (B', C)
-
-        ends = is_eos[:, :beam_size] & top[:, :beam_size].isfinite()  # (B', <=beam)
         # At most k candidates end in EOS (one per row), so C - k of them do not.
         k_next = min(beam_size, top.size(1) - k)
-        live = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :k_next]  # (B', k')
-        live_scores = top.gather(1, live)  # (B', k'), best first
-        sentences = beams.sentence[::k]  # (B',)
-        bound = _best_possible_scores(live_scores[:, 0], sentences, t, max_lens, length_penalty)
-        # What the host decides on reaches it in one transfer a step (on a GPU, one wait).
-        packed = torch.cat([sentences.double(), bound.double(), ends.flatten().double()]).tolist()
-        n = sentences.size(0)
-        host_sentences = [int(b) for b in packed[:n]]
-        ended = [i for i, e in enumerate(packed[2 * n :]) if e]
-        if ended:
-            _add_finished(finished, beams, ended, ends.size(1), top, rows, length_penalty, nbest)
-            for i in ended:
-                n_finished[host_sentences[i // ends.size(1)]] += 1
-        keep = [
-            i
-            for i, (b, best_possible) in enumerate(zip(host_sentences, packed[n : 2 * n]))
-            if not _sentence_done(
-                finished[b], n_finished[b], enough, best_possible, t, host_max_lens[b], nbest
-            )
+        # From here a step decides over a few candidates a sentence, on the host after one
+        # transfer (on a GPU, the step's one wait): as tensor ops these decisions had taken as
+        # many ops as the model's step (one sentence at beam 5: ~75 of ~160 a step).
+        C = top.size(1)
+        host = torch.cat([top.double(), rows.double(), words.double()], dim=1).tolist()
+        found = [(h[:C], h[C : 2 * C], h[2 * C :]) for h in host]  # (scores, parents, ids)
+        ends = [  # (sentence, row extended, log-prob) of the candidates that end, by rank
+            (groups[i], int(parents[j]), scores[j])
+            for i, (scores, parents, ids) in enumerate(found)
+            for j in range(min(beam_size, C))
+            if ids[j] == eos_id and math.isfinite(scores[j])
         ]
-        if not keep:
+        if ends:
+            _add_finished(finished, n_finished, beams, ends, length_penalty, nbest)
+        kept = {}  # position of each sentence that goes on -> its live candidates, best first
+        for i, (b, (scores, _, ids)) in enumerate(zip(groups, found, strict=True)):
+            live = [j for j in range(C) if ids[j] != eos_id][:k_next]
+            max_len = host_max_lens[b]
+            best_possible = scores[live[0]] / _best_length_penalty(t, max_len, length_penalty)
+            if not _sentence_done(
+                finished[b], n_finished[b], enough, best_possible, t, max_len, nbest
+            ):
+                kept[i] = live
+        if not kept:
             break
-        ranked = None
-        if k_next == k:  # rows that stay where they were, as many as can (else all move)
-            ranked = _children_in_place(rows.gather(1, live) % k)  # (B', k) rank -> row
-            live = live.gather(1, ranked.argsort(dim=1))  # in row order
-            live_scores = top.gather(1, live)
-            keep = _in_place_order(keep)
-        keep_index = _index_on(keep, device)  # (B'',)
-        ranked = None if ranked is None else ranked.index_select(0, keep_index)
-        index = rows.gather(1, live).index_select(0, keep_index).flatten()  # (B'' k',)
-        tokens = words.gather(1, live).index_select(0, keep_index).flatten()  # (B'' k',)
-        beams = beams.take(index).extend(tokens, live_scores.index_select(0, keep_index).flatten())
+        in_place = k_next == k  # rows that stay where they were, as many as can (else all move)
+        order = _in_place_order(list(kept)) if in_place else list(kept)
+        new_parents, new_ids, new_scores = [], [], []  # the new rows', in row order
+        placed = []  # per sentence, the row of each hypothesis by rank
+        for i in order:
+            (scores, parents, ids), live = found[i], kept[i]
+            if in_place:
+                place = _children_in_place([int(parents[j]) - i * k for j in live])
+                live = [live[j] for j in sorted(range(k), key=place.__getitem__)]  # by row
+                placed.append(place)
+            new_parents += [parents[j] for j in live]
+            new_ids += [ids[j] for j in live]
+            new_scores += [scores[j] for j in live]
+        groups = [groups[i] for i in order]
+        ranked = _on_device(placed, device) if in_place else None
+        index = _on_device(new_parents, device)  # (B'' k',)
+        tokens = _on_device(new_ids, device)  # (B'' k',)
+        extended = torch.cat([beams.tokens.index_select(0, index), tokens[:, None]], dim=1)
+        sentence = _on_device([b for b in groups for _ in range(k_next)], device)
+        beams = Beams(extended, _on_device(new_scores, device, top.dtype), sentence)
         state = reorder(state, index, k_next)
         k = k_next
     return finished
@@ -476,30 +487,29 @@ def _in_place_order(kept: list[int]) -> list[int]:
     return [p if p in staying else next(fillers) for p in range(n)]
 
 
-def _children_in_place(parents: Tensor) -> Tensor:
-    """Rows for each sentence's new hypotheses (best first) that put each in its parent's row
+def _children_in_place(parents: list[int]) -> list[int]:
+    """Rows for a sentence's new hypotheses (best first) that put each in its parent's row
     where it can: a parent's first child in its row, the others, in order, in the rows of
     parents that have none. A beam reorder then copies only those others' caches (a quarter
     of the rows at beam 5).
 
-    Shape: parents (B', k), each hypothesis's parent among its sentence's k rows -> (B', k)
-    long, the row of each hypothesis.
+    parents: each hypothesis's parent among its sentence's k rows -> the row of each.
     """
-    B, k = parents.shape
-    earlier = torch.ones(k, k, dtype=torch.bool, device=parents.device).tril(-1)  # j' < j
-    first = ~((parents[:, :, None] == parents[:, None, :]) & earlier).any(dim=2)  # (B', k)
-    has_child = torch.zeros_like(parents).scatter_(1, parents, 1)  # (B', k) per row
-    childless = torch.sort(has_child, dim=1, stable=True).indices  # those rows first, in order
-    rank = (~first).cumsum(dim=1) - 1  # among the hypotheses that are not first children
-    return torch.where(first, parents, childless.gather(1, rank.clamp(min=0)))  # (B', k)
+    rows = [-1] * len(parents)
+    has_child = [False] * len(parents)
+    for j, parent in enumerate(parents):
+        if not has_child[parent]:
+            rows[j], has_child[parent] = parent, True
+    childless = iter(r for r, has in enumerate(has_child) if not has)
+    return [r if r >= 0 else next(childless) for r in rows]
 
 
-def _index_on(indices: list[int], device: torch.device) -> Tensor:
-    """A long tensor of host indices on `device`, copied without waiting for the device."""
-    index = torch.tensor(indices, dtype=torch.long)
+def _on_device(values: list, device: torch.device, dtype: torch.dtype = torch.long) -> Tensor:
+    """A tensor of host values on `device`, copied without waiting for the device."""
+    tensor = torch.tensor(values, dtype=dtype)
     if device.type == "cuda":
-        return index.pin_memory().to(device, non_blocking=True)
-    return index.to(device)
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def _best_extensions(
@@ -540,6 +550,11 @@ def _best_extensions(
 
 
 TOPK_BLOCK = 64  # columns a block of `row_topk`: the fastest of 32, 64 and 128 (below)
+# Below these many elements the plain top-k and argmax are faster than reading blocks, whose
+# handful of ops cost ~40 us however small x is: (5, 8000) n 10 took 74 us by top-k, 104 by
+# blocks, (10, 8000) 105 both; argmax (1, 8000) 17 us, by blocks 27, (5, 8000) 52 and 35.
+TOPK_MIN_ELEMENTS = 80_000
+ARGMAX_MIN_ELEMENTS = 16_000
 
 
 def row_topk(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
@@ -557,7 +572,7 @@ def row_topk(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
     """
     N, V = x.shape
     whole = V // TOPK_BLOCK
-    if x.device.type != "cpu" or whole < 4 * (n + 1):  # too few blocks to leave most out
+    if x.device.type != "cpu" or x.numel() < TOPK_MIN_ELEMENTS or whole < 4 * (n + 1):
         return x.topk(n, dim=1)
     m = n + 1  # one more: a tie at the n-th value shows
     block_max = x[:, : whole * TOPK_BLOCK].view(N, whole, TOPK_BLOCK).amax(dim=2)  # (N, W)
@@ -586,7 +601,7 @@ def row_argmax(x: Tensor) -> Tensor:
     """
     N, V = x.shape
     whole = V // TOPK_BLOCK
-    if x.device.type != "cpu" or whole < 2:
+    if x.device.type != "cpu" or x.numel() < ARGMAX_MIN_ELEMENTS or whole < 2:
         return x.argmax(dim=1)
     block_max = x[:, : whole * TOPK_BLOCK].view(N, whole, TOPK_BLOCK).amax(dim=2)  # (N, W)
     if whole * TOPK_BLOCK < V:  # the columns past the last whole block, as one more block
@@ -600,52 +615,32 @@ def row_argmax(x: Tensor) -> Tensor:
 
 def _add_finished(
     finished: list[list[Hypothesis]],
+    n_finished: list[int],
     beams: Beams,
-    ends: list[int],
-    width: int,
-    top: Tensor,
-    rows: Tensor,
+    ends: list[tuple[int, int, float]],
     alpha: float,
     nbest: int,
 ) -> None:
-    """Put the ended candidates into their sentence's n-best list.
-
-    `ends` are flat, row-major indices into the first `width` columns of top and rows (B', C),
-    found on the host.
-    """
-    index = _index_on(ends, top.device)  # (M,)
-    candidates = rows[:, :width].flatten().index_select(0, index)  # (M,) the rows extended
-    for b, prefix, log_prob in zip(
-        beams.sentence.index_select(0, candidates).tolist(),
-        beams.tokens.index_select(0, candidates).tolist(),
-        top[:, :width].flatten().index_select(0, index).tolist(),
-        strict=True,
-    ):
+    """Put the candidates that end in EOS, (sentence, row extended, log-probability) in rank
+    order, into their sentence's n-best list (earlier ones win ties), and count them."""
+    rows = _on_device([row for _, row, _ in ends], beams.tokens.device)
+    prefixes = beams.tokens.index_select(0, rows).tolist()
+    for (b, _, log_prob), prefix in zip(ends, prefixes, strict=True):
         score = log_prob / gnmt_length_penalty(len(prefix) + 1, alpha)  # |Y| counts EOS
         hyps = finished[b]
         hyps.append(Hypothesis(prefix, score, log_prob))
         hyps.sort(key=lambda h: h.score, reverse=True)  # stable: earlier ones win ties
         del hyps[nbest:]
+        n_finished[b] += 1
 
 
-def _best_possible_scores(
-    best_live: Tensor, sentences: Tensor, t: int, max_lens: Tensor, alpha: float
-) -> Tensor:
-    """The best GNMT score each live sentence's live hypotheses could still reach after step t.
-
-    A live hypothesis has t + 1 tokens; finished, its |Y| lies between t + 2 and max_len + 1.
-    Its log-probability can only fall (every step adds a log-probability <= 0), so its score is
-    at most best_live / lp(|Y|) at the |Y| where lp is largest: max_len + 1 for alpha >= 0 (lp
-    grows with length), t + 2 for alpha < 0. With alpha = 0 this is the best live log-prob.
-
-    Shape: best_live (B',), sentences (B',) -> (B',).
-    """
-    sentence_max_lens = max_lens[sentences]  # (B',)
-    if alpha >= 0:
-        best_length = sentence_max_lens + 1
-    else:
-        best_length = torch.full_like(sentence_max_lens, t + 2)
-    return best_live / gnmt_length_penalty(best_length, alpha)
+def _best_length_penalty(t: int, max_len: int, alpha: float) -> float:
+    """The largest lp(|Y|) a live hypothesis after step t can still reach, its bound's divisor:
+    it has t + 1 tokens, so finished its |Y| lies between t + 2 and max_len + 1, and lp is
+    largest at max_len + 1 for alpha >= 0 (lp grows with length), at t + 2 for alpha < 0. Its
+    log-probability can only fall (every step adds a log-probability <= 0), so its score is at
+    most its log-probability now over this (with alpha = 0, the log-probability itself)."""
+    return gnmt_length_penalty(max_len + 1 if alpha >= 0 else t + 2, alpha)
 
 
 def _sentence_done(

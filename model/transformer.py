@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from model.attention import (
     CrossAttention,
     KVCache,
+    LayerStepCache,
     MultiheadAttention,
     SelfAttention,
     StepCache,
@@ -241,7 +242,7 @@ class DecoderLayer(nn.Module):
             x = self.norm3(x + self._ff_block(x))
         return x
 
-    def _sa_block(self, x: Tensor, causal: bool, cache: StepCache | None) -> Tensor:
+    def _sa_block(self, x: Tensor, causal: bool, cache: LayerStepCache | None) -> Tensor:
         return dropped(self.dropout1, self.self_attn(x, is_causal=causal, cache=cache))
 
     def _mha_block(
@@ -302,12 +303,12 @@ class Decoder(nn.Module):
         memory_kv: list[KVCache],
         src_keep: Tensor | None,
         causal: bool = False,
-        caches: list[StepCache] | None = None,
+        cache: StepCache | None = None,
     ) -> Tensor:
-        """Embedded targets x (B, T, D) -> (B, T, D); arguments as `DecoderLayer.forward`."""
-        caches = caches if caches is not None else [None] * len(self.layers)
-        for layer, kv, cache in zip(self.layers, memory_kv, caches, strict=True):
-            x = layer(x, kv, src_keep, causal, cache)
+        """Embedded targets x (B, T, D) -> (B, T, D); arguments as `DecoderLayer.forward`,
+        `cache` every layer's."""
+        for i, (layer, kv) in enumerate(zip(self.layers, memory_kv, strict=True)):
+            x = layer(x, kv, src_keep, causal, None if cache is None else cache.layer(i))
         return x if self.norm is None else self.norm(x)
 
     def cross_attention(
@@ -325,7 +326,7 @@ class Decoder(nn.Module):
 class DecoderCache:
     """What `Transformer.decode_step` keeps between steps, for N rows (sentences x beams)."""
 
-    self_attn: list[StepCache]  # per layer, the fed tokens' keys/values, (N, H, t, D/H) each
+    self_attn: StepCache  # every layer's keys/values of the fed tokens
     # Per layer, the source's keys/values, (B, H, S, D/H) each, once per sentence: its N / B
     # rows (beams) share them (see CrossAttention.forward), so a beam reorder copies nothing.
     cross_attn: list[KVCache]
@@ -352,9 +353,9 @@ class DecoderCache:
             moved = rows_to_move(sentences, cross[0].keys.size(0))
             cross = [kv.reorder(sentences, moved) for kv in cross]
             keep = None if keep is None else keep.index_select(0, sentences)
-        moved = rows_to_move(index, self.self_attn[0].rows) if self.self_attn else None
+        moved = rows_to_move(index, self.self_attn.rows)
         return DecoderCache(
-            self_attn=[kv.reorder(index, moved) for kv in self.self_attn],
+            self_attn=self.self_attn.reorder(index, moved),
             cross_attn=cross,
             src_keep=keep,
             step=self.step,
@@ -516,7 +517,7 @@ class Transformer(nn.Module):
         """
         cross_attn = self.decoder.project_memory(memory)
         return DecoderCache(
-            self_attn=[StepCache(steps) for _ in self.decoder.layers],
+            self_attn=StepCache(len(self.decoder.layers), steps),
             cross_attn=cross_attn,
             src_keep=keep_bias(keep_mask(src_pad_mask), cross_attn[0].keys.dtype),
         )
@@ -530,6 +531,6 @@ class Transformer(nn.Module):
         Shape: tokens (N,) long -> logits (N, V).
         """
         x = self.tgt_embed(tokens[:, None], start=cache.step)  # (N, 1, D)
-        x = self.decoder(x, cache.cross_attn, cache.src_keep, caches=cache.self_attn)
+        x = self.decoder(x, cache.cross_attn, cache.src_keep, cache=cache.self_attn)
         cache.step += 1
         return self.project(x[:, 0])  # (N, V)

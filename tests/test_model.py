@@ -178,17 +178,17 @@ def test_cached_decoding_after_reorder():
 
 @pytest.mark.parametrize("steps", [0, 2, 6])
 def test_self_attention_cache_is_written_in_place(steps):
-    """Self-attention's keys and values go into buffers made once (room for `steps` tokens,
-    grown past it); a reorder that moves most rows copies into a second pair, the two pairs
+    """Every layer's self-attention keys and values go into tables made once (room for `steps`
+    tokens, grown past it); a reorder that moves most rows copies into a second set, the two
     taking turns, one that moves few copies those rows in place; the logits equal full
     decoding of the reordered rows at every step."""
     model = tiny_model()
     src, src_pad, tgt_in, _ = batch()  # 3 sentences, 6 target positions
     orders = {
-        1: torch.tensor([1, 0, 2]),  # two of three move: into a new pair
-        2: torch.tensor([2, 0, 0, 1]),  # widen: a pair of 4 rows
+        1: torch.tensor([1, 0, 2]),  # two of three move: into new tables
+        2: torch.tensor([2, 0, 0, 1]),  # widen: tables of 4 rows
         3: torch.tensor([3, 1, 2]),  # narrow, one row moves: in place
-        4: torch.tensor([2, 0, 1]),  # all move: into the spare pair, the first of 3 rows
+        4: torch.tensor([2, 0, 1]),  # all move: into the spares, the first tables, 3 rows
     }
     with torch.no_grad():
         memory = model.encode(src, src_pad)
@@ -205,7 +205,7 @@ def test_self_attention_cache_is_written_in_place(steps):
                 model.decode(rows[:, : t + 1], memory[index], src_pad[index], None)
             )
             assert_close(logits, full[:, t], atol=1e-5, rtol=1e-5)
-            buffers.append(cache.self_attn[0].buffers[0])
+            buffers.append(cache.self_attn.tables[0])
     pointers = [b.data_ptr() for b in buffers]
     if steps == 6:  # room for every step: no buffer made but for more rows
         assert pointers[0] != pointers[1] != pointers[2] == pointers[3] != pointers[4]
@@ -213,6 +213,7 @@ def test_self_attention_cache_is_written_in_place(steps):
         assert {tuple(b.shape[1:]) for b in buffers} == {(model.config.n_heads, 6, 4)}
     else:  # grown as needed, never below what was fed
         assert all(b.size(2) >= t + 1 for t, b in enumerate(buffers))
+    assert len(cache.self_attn.tables) == 2 * model.config.n_decoder_layers  # keys, values
 
 
 def test_a_reordered_cache_is_spent():
@@ -268,7 +269,7 @@ def test_decode_step_under_bfloat16_autocast():
             cache = model.init_cache(memory, src_pad)
             cached = [model.decode_step(tgt_in[:, t], cache) for t in range(tgt_in.size(1))]
     # The cache holds what autocast made, in the float32 its attention runs in: cast once.
-    for kv in (cache.self_attn[0], cache.cross_attn[0]):
+    for kv in (cache.self_attn.layer(0), cache.cross_attn[0]):
         assert kv.keys.dtype == torch.float32
         assert torch.equal(kv.keys.bfloat16().float(), kv.keys)
     assert_close(torch.stack(cached, 1).float(), full, atol=0.1, rtol=0.05)

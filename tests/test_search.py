@@ -15,6 +15,7 @@ from cli.config import DecodeConfig
 from cli.inference import decoding
 from cli.inference.decoding import cached_start, search_batch
 from data.batching import collate
+from model import search as search_module
 from model.search import (
     Hypothesis,
     _children_in_place,
@@ -276,15 +277,17 @@ def test_best_extensions_break_ties_by_rank_whatever_rows_hold_the_beams():
     assert torch.equal(moved[1], first + ranked.gather(1, rows - first))
 
 
-class TopkWidths(TorchFunctionMode):
-    """Records the width (last dimension) of every top-k taken inside it."""
+class Widths(TorchFunctionMode):
+    """Records the width (last dimension) of every call of op `name` (`topk`, `argmax`)
+    inside it."""
 
-    def __init__(self):
+    def __init__(self, name: str):
         super().__init__()
+        self.funcs = (getattr(torch, name), getattr(torch.Tensor, name))
         self.widths: list[int] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in (torch.topk, torch.Tensor.topk):
+        if func in self.funcs:
             self.widths.append(args[0].size(-1))
         return func(*args, **(kwargs or {}))
 
@@ -305,8 +308,16 @@ def rows_to_rank(V: int, g: torch.Generator) -> torch.Tensor:
     return torch.cat([finite, banned])
 
 
+@pytest.fixture
+def blocks_at_any_size(monkeypatch):
+    """`row_topk` and `row_argmax` read blocks of an x of any number of elements (they leave
+    small ones to the plain ops), so that small test rows take the path large ones take."""
+    monkeypatch.setattr(search_module, "TOPK_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(search_module, "ARGMAX_MIN_ELEMENTS", 0)
+
+
 @pytest.mark.parametrize("V, n", [(8000, 10), (3001, 4), (1000, 3), (300, 10)])
-def test_row_topk_equals_top_k(V, n):
+def test_row_topk_equals_top_k(V, n, blocks_at_any_size):
     """The same values and columns as `topk`, in its order, equal values included; narrow
     rows (too few blocks) are `topk`'s own."""
     x = rows_to_rank(V, torch.Generator().manual_seed(V))
@@ -316,7 +327,7 @@ def test_row_topk_equals_top_k(V, n):
 
 
 @pytest.mark.parametrize("V", [8000, 3001, 1000, 130, 128])
-def test_row_argmax_equals_argmax(V):
+def test_row_argmax_equals_argmax(V, blocks_at_any_size):
     """The first largest column, as argmax: on `rows_to_rank`'s rows (ties, -inf, NaN, the best
     in the partial last block), and rows whose largest value recurs in a later block, in the
     partial last block too (whose columns the last whole block's end overlaps)."""
@@ -332,25 +343,44 @@ def test_row_argmax_equals_argmax(V):
 def test_row_topk_reads_blocks_and_takes_only_tied_rows_whole():
     g = torch.Generator().manual_seed(5)
     x = torch.randn(20, 8000, generator=g).log_softmax(dim=1)
-    with TopkWidths() as untied:
+    with Widths("topk") as untied:
         row_topk(x, 10)
     assert 8000 not in untied.widths
     x[3, :20] = x[3].max()  # one row with a tie among its best
-    with TopkWidths() as tied:
+    with Widths("topk") as tied:
         top, columns = row_topk(x, 10)
     assert tied.widths.count(8000) == 1
     assert columns[3].tolist() == x[3].topk(10).indices.tolist()
 
 
+def test_small_inputs_take_the_plain_top_k_and_argmax():
+    """Below TOPK_MIN_ELEMENTS (ARGMAX_MIN_ELEMENTS) elements, one top-k (argmax) over each
+    whole row: faster there than the blocks' handful of ops."""
+    x = torch.randn(5, 8000, generator=torch.Generator().manual_seed(6))
+    assert x.numel() < search_module.TOPK_MIN_ELEMENTS
+    with Widths("topk") as seen:
+        row_topk(x, 10)
+    assert seen.widths == [8000]
+    with Widths("topk") as seen:
+        row_topk(torch.cat([x, x]), 10)  # 80,000 elements: blocks
+    assert 8000 not in seen.widths
+    with Widths("argmax") as seen:
+        row_argmax(x[:1])
+        row_argmax(x[:2])
+    assert seen.widths == [8000, 125, 64]  # the second over the blocks' maxima, then one block
+
+
 @pytest.mark.parametrize("half_logits", [False, True])
-def test_beam_search_ranks_rows_by_blocks_unless_the_logits_are_half(half_logits):
+def test_beam_search_ranks_rows_by_blocks_unless_the_logits_are_half(
+    half_logits, blocks_at_any_size
+):
     """Blocks (`row_topk`) or a top-k over each whole row: the same hypotheses; bf16 or fp16
     logits, tied most steps, take the latter. (No sentence reaches its length limit, where
     every token but EOS is -inf, a tie that `row_topk` hands to top-k.)"""
     V = 1500
     step = random_step(vocab_size=V, eos_growth=2.0)
     plain = search(step, 3, [40] * 3, beam_size=2, nbest=2, half_logits=True)
-    with TopkWidths() as seen:
+    with Widths("topk") as seen:
         hyps = search(step, 3, [40] * 3, beam_size=2, nbest=2, half_logits=half_logits)
     assert hyps == plain and len({len(h.tokens) for n in hyps for h in n}) > 1
     assert (V in seen.widths) == half_logits
@@ -390,8 +420,9 @@ def test_beams_are_expanded_and_finished_sentences_dropped_by_reorder():
 def test_children_take_their_parents_rows():
     # The row of each hypothesis (best first): a parent's first child stays in the parent's
     # row, the others fill the rows of parents with no child, in order.
-    parents = torch.tensor([[0, 0, 2, 1], [3, 3, 3, 0], [1, 2, 3, 0]])
-    assert _children_in_place(parents).tolist() == [[0, 3, 2, 1], [3, 1, 2, 0], [1, 2, 3, 0]]
+    assert _children_in_place([0, 0, 2, 1]) == [0, 3, 2, 1]
+    assert _children_in_place([3, 3, 3, 0]) == [3, 1, 2, 0]
+    assert _children_in_place([1, 2, 3, 0]) == [1, 2, 3, 0]
 
 
 def test_rows_that_stay_keep_their_places():
