@@ -130,6 +130,8 @@ class StepCache:
         cache (its tables become the result's, or its spares). With `moved` from
         `rows_to_move(index, rows)`, only those rows are copied, in place."""
         self._check_live()
+        if len(set(self.lengths)) > 1:  # it would copy the first layer's positions of each
+            raise RuntimeError(f"a StepCache reordered mid-step: its layers hold {self.lengths}")
         result = StepCache(len(self.lengths), self.steps)
         result.lengths, result.rows = list(self.lengths), index.numel()
         if not self.tables:

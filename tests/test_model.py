@@ -231,6 +231,20 @@ def test_a_reordered_cache_is_spent():
             cache.reorder(torch.tensor([0, 1, 2]))
 
 
+def test_a_cache_reordered_mid_step_is_refused():
+    """A reorder copies every layer's first t positions: between steps, when the layers hold
+    the same number. Between two layers' writes it refuses rather than drop the positions of
+    the layers already written."""
+    model = tiny_model()
+    src, src_pad, _, _ = batch()
+    with torch.no_grad():
+        cache = model.init_cache(model.encode(src, src_pad), src_pad)
+        keys = torch.zeros(3, model.config.n_heads, 1, 4)
+        cache.self_attn.layer(0).append(keys, keys)
+        with pytest.raises(RuntimeError, match="reordered mid-step"):
+            cache.reorder(torch.tensor([1, 0, 2]))
+
+
 def test_beams_share_their_sentence_keys_and_values():
     """Each sentence's rows (beams) attend to its one copy of the source keys and values: a
     reorder within sentences copies none, one that drops a sentence drops its copy, and the
