@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -420,9 +421,8 @@ def test_beams_are_expanded_and_finished_sentences_dropped_by_reorder():
 def test_children_take_their_parents_rows():
     # The row of each hypothesis (best first): a parent's first child stays in the parent's
     # row, the others fill the rows of parents with no child, in order.
-    assert _children_in_place([0, 0, 2, 1]) == [0, 3, 2, 1]
-    assert _children_in_place([3, 3, 3, 0]) == [3, 1, 2, 0]
-    assert _children_in_place([1, 2, 3, 0]) == [1, 2, 3, 0]
+    parents = np.array([[0, 0, 2, 1], [3, 3, 3, 0], [1, 2, 3, 0]])
+    assert _children_in_place(parents).tolist() == [[0, 3, 2, 1], [3, 1, 2, 0], [1, 2, 3, 0]]
 
 
 def test_rows_that_stay_keep_their_places():
