@@ -99,19 +99,21 @@ def test_the_process_group_gets_the_configured_timeout(monkeypatch):
 
 class HostSyncs(TorchDispatchMode):
     """Counts the operations that make the host wait for the device: `.item()` and friends
-    (`_local_scalar_dense`), `nonzero`, boolean-mask indexing, and `.tolist()` (which does not
-    dispatch, so it is counted by wrapping it)."""
+    (`_local_scalar_dense`), `nonzero`, boolean-mask indexing, and `.tolist()` and `.numpy()`
+    (which do not dispatch, so they are counted by wrapping them)."""
 
     def __init__(self, monkeypatch) -> None:
         super().__init__()
         self.count = 0
-        real = torch.Tensor.tolist
+        for name in ("tolist", "numpy"):
+            monkeypatch.setattr(torch.Tensor, name, self._counted(getattr(torch.Tensor, name)))
 
-        def counted_tolist(tensor):
+    def _counted(self, real):
+        def counted(tensor, *args, **kwargs):
             self.count += 1
-            return real(tensor)
+            return real(tensor, *args, **kwargs)
 
-        monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+        return counted
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
