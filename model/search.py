@@ -34,6 +34,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from model.beam_candidates import read_candidates
+
 State = TypeVar("State")
 StepFn = Callable[[Tensor, State], tuple[Tensor, State]]
 ReorderFn = Callable[[State, Tensor, int], State]
@@ -426,47 +428,30 @@ def beam_search(
         # At most k candidates end in EOS (one per row), so C - k of them do not.
         k_next = min(beam_size, top.size(1) - k)
         # From here a step decides over a few candidates a sentence, on the host after one
-        # transfer (on a GPU, the step's one wait), in numpy: as tensor ops these decisions had
-        # taken as many ops as the model's step (one sentence at beam 5: ~75 of ~160 a step,
-        # ~5 us each), and in plain Python ~19 us a sentence (3% of the test set's search).
-        C = top.size(1)
-        host = torch.cat([top.double(), rows.double(), words.double()], dim=1).cpu().numpy()
-        scores = host[:, :C]  # (B', C) each
-        parents, ids = host[:, C : 2 * C].astype(np.int64), host[:, 2 * C :].astype(np.int64)
-        is_eos = ids == eos_id  # (B', C)
-        ends = is_eos[:, :beam_size] & np.isfinite(scores[:, :beam_size])
-        if ends.any():  # in rank order, a sentence's best first
-            i, j = ends.nonzero()
-            sentences = [groups[g] for g in i.tolist()]
-            ended = list(zip(sentences, parents[i, j].tolist(), scores[i, j].tolist()))
+        # transfer (on a GPU, the step's one wait): `model.beam_candidates`.
+        host = torch.cat([top.double(), rows.double(), words.double()], dim=1).cpu()
+        found = read_candidates(host, eos_id, beam_size, k_next)
+        if found.ended:
+            ended = [(groups[i], row, log_prob) for i, row, log_prob in found.ended]
             _add_finished(finished, n_finished, beams, ended, length_penalty, nbest)
-        live = np.argsort(is_eos, axis=1, kind="stable")[:, :k_next]  # (B', k') non-EOS, best first
-        best_live = np.take_along_axis(scores, live[:, :1], 1)[:, 0].tolist()
         keep = []  # the live sentences' positions that go on
-        for i, (b, best) in enumerate(zip(groups, best_live, strict=True)):
+        for i, (b, best) in enumerate(zip(groups, found.best_live, strict=True)):
             max_len = host_max_lens[b]
             bound = best / _best_length_penalty(t, max_len, length_penalty)
             if not _sentence_done(finished[b], n_finished[b], enough, bound, t, max_len, nbest):
                 keep.append(i)
         if not keep:
             break
-        ranked = None
-        if k_next == k:  # rows that stay where they were, as many as can (else all move)
+        in_place = k_next == k  # rows that stay where they were, as many as can (else all move)
+        if in_place:
             keep = _in_place_order(keep)
-            live = live[keep]
-            ranked = _children_in_place(np.take_along_axis(parents[keep], live, 1) % k)
-            live = np.take_along_axis(live, np.argsort(ranked, axis=1), 1)  # in row order
-            ranked = _on_device(ranked, device)
-        else:
-            live = live[keep]
+        parents, ids, scores, placed = found.take(keep, k if in_place else 0)
+        ranked = None if placed is None else _on_device(placed, device)
         groups = [groups[i] for i in keep]
-        picked = [  # (B'' k',) each: the kept sentences' live candidates
-            np.take_along_axis(table[keep], live, 1).reshape(-1) for table in (parents, ids, scores)
-        ]
-        index, tokens = _on_device(picked[0], device), _on_device(picked[1], device)
+        index, tokens = _on_device(parents, device), _on_device(ids, device)  # (B'' k',)
         extended = torch.cat([beams.tokens.index_select(0, index), tokens[:, None]], dim=1)
         sentence = _on_device([b for b in groups for _ in range(k_next)], device)
-        beams = Beams(extended, _on_device(picked[2], device, top.dtype), sentence)
+        beams = Beams(extended, _on_device(scores, device, top.dtype), sentence)
         state = reorder(state, index, k_next)
         k = k_next
     return finished
@@ -482,25 +467,6 @@ def _in_place_order(kept: list[int]) -> list[int]:
     staying = {p for p in kept if p < n}
     fillers = iter(p for p in kept if p >= n)
     return [p if p in staying else next(fillers) for p in range(n)]
-
-
-def _children_in_place(parents: np.ndarray) -> np.ndarray:
-    """Rows for each sentence's new hypotheses (best first) that put each in its parent's row
-    where it can: a parent's first child in its row, the others, in order, in the rows of
-    parents that have none. A beam reorder then copies only those others' caches (a quarter
-    of the rows at beam 5).
-
-    Shape: parents (B', k), each hypothesis's parent among its sentence's k rows -> (B', k),
-    the row of each hypothesis.
-    """
-    B, k = parents.shape
-    earlier = np.tri(k, k, -1, dtype=bool)  # j' < j
-    first = ~((parents[:, :, None] == parents[:, None, :]) & earlier).any(axis=2)  # (B', k)
-    has_child = np.zeros_like(parents)
-    np.put_along_axis(has_child, parents, 1, axis=1)  # (B', k) per row
-    childless = np.argsort(has_child, axis=1, kind="stable")  # those rows first, in order
-    rank = np.maximum(np.cumsum(~first, axis=1) - 1, 0)  # among those not first children
-    return np.where(first, parents, np.take_along_axis(childless, rank, 1))
 
 
 def _on_device(

@@ -16,10 +16,16 @@ from cli.config import DecodeConfig
 from cli.inference import decoding
 from cli.inference.decoding import cached_start, search_batch
 from data.batching import collate
+from model import beam_candidates
 from model import search as search_module
+from model.beam_candidates import (
+    NumpyCandidates,
+    PythonCandidates,
+    children_in_place,
+    children_in_place_rows,
+)
 from model.search import (
     Hypothesis,
-    _children_in_place,
     _in_place_order,
     beam_search,
     gnmt_length_penalty,
@@ -131,7 +137,7 @@ def all_outputs(step, sentence: int, max_len: int, vocab_size: int, alpha: float
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0, -0.5])
-def test_a_beam_holding_every_prefix_is_exact(alpha):
+def test_a_beam_holding_every_prefix_is_exact(alpha, reading):
     # 5 words and max_len 3: at most 25 * 6 = 150 candidates a step, so beam 150 loses nothing,
     # and the early stop (no live hypothesis can still win) must not lose the best either.
     step, vocab_size, max_len, nbest = random_step(vocab_size=6), 6, 3, 5
@@ -142,7 +148,7 @@ def test_a_beam_holding_every_prefix_is_exact(alpha):
     assert [h.score for h in hyps] == pytest.approx([score for _, score in best])
 
 
-def test_early_stop_waits_for_a_longer_hypothesis_that_can_still_win():
+def test_early_stop_waits_for_a_longer_hypothesis_that_can_still_win(reading):
     # [] scores log 0.6 = -0.51. [4 4 4] has log-prob log 0.4 + 3 log 0.999 = -0.92, but with
     # alpha 2 its score is -0.92 / ((5 + 4) / 6)^2 = -0.41: better. After the first step the live
     # [4] (-0.92) could still reach -0.92 / lp(max_len + 1) = -0.27, so the search must go on.
@@ -153,7 +159,7 @@ def test_early_stop_waits_for_a_longer_hypothesis_that_can_still_win():
     assert best.score == pytest.approx((math.log(0.4) + 3 * math.log(0.999)) / 1.5**2)
 
 
-def test_patience_stops_a_sentence_once_enough_hypotheses_finished():
+def test_patience_stops_a_sentence_once_enough_hypotheses_finished(reading):
     # As above, [] finishes at the first step and [4 4 4] would beat it three steps later. With
     # beam 1, patience 1 allows one finished hypothesis: the search stops at []. Patience 2
     # waits for a second one, [4 4 4]; patience 0 waits until no live hypothesis can win.
@@ -183,7 +189,7 @@ def test_scores_use_the_gnmt_length_penalty():
                 assert h.score == pytest.approx(h.log_prob / ((5 + len(h.tokens) + 1) / 6) ** alpha)
 
 
-def test_nbest_returns_k_distinct_hypotheses_best_first():
+def test_nbest_returns_k_distinct_hypotheses_best_first(reading):
     for hyps in search(random_step(), 4, [6, 6, 3, 8], beam_size=5, nbest=4):
         assert len(hyps) == 4
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
@@ -226,7 +232,7 @@ def test_no_repeat_ngram_size():
             assert not has_repeated_ngram(h.tokens, 2)
 
 
-def test_batched_search_equals_one_sentence_at_a_time():
+def test_batched_search_equals_one_sentence_at_a_time(reading):
     step, max_lens = random_step(), [5, 1, 7, 4]
 
     def alone(b: int, **options):
@@ -421,8 +427,48 @@ def test_beams_are_expanded_and_finished_sentences_dropped_by_reorder():
 def test_children_take_their_parents_rows():
     # The row of each hypothesis (best first): a parent's first child stays in the parent's
     # row, the others fill the rows of parents with no child, in order.
-    parents = np.array([[0, 0, 2, 1], [3, 3, 3, 0], [1, 2, 3, 0]])
-    assert _children_in_place(parents).tolist() == [[0, 3, 2, 1], [3, 1, 2, 0], [1, 2, 3, 0]]
+    parents = [[0, 0, 2, 1], [3, 3, 3, 0], [1, 2, 3, 0]]
+    rows = [[0, 3, 2, 1], [3, 1, 2, 0], [1, 2, 3, 0]]
+    assert [children_in_place(p) for p in parents] == rows
+    assert children_in_place_rows(np.array(parents)).tolist() == rows
+
+
+@pytest.fixture(params=["python", "numpy"])
+def reading(request, monkeypatch):
+    """Beam search's candidates read in plain Python, or in numpy, whatever the batch."""
+    monkeypatch.setattr(
+        beam_candidates, "NUMPY_SENTENCES", 10**9 if request.param == "python" else 0
+    )
+    return request.param
+
+
+def test_python_and_numpy_read_the_candidates_alike():
+    """Random candidates, EOS and -inf among them: the same ends, best live candidates and
+    rows taken, in place or not, whichever reads them."""
+    g = np.random.default_rng(0)
+    ended = 0
+    for B, k, beam_size in [(1, 1, 3), (1, 5, 5), (9, 4, 4), (30, 3, 3)]:
+        C = min(2 * beam_size, k * 6)
+        scores = -g.exponential(size=(B, C))
+        scores[g.random((B, C)) < 0.1] = -np.inf
+        scores = np.sort(scores, axis=1)[:, ::-1]  # best first
+        rows = np.arange(B)[:, None] * k + g.integers(0, k, (B, C))
+        ids = g.integers(4, 50, (B, C))
+        for sentence in ids:  # at most one EOS a row, so at least C - k candidates live
+            sentence[g.choice(C, size=g.integers(0, k + 1), replace=False)] = EOS
+        k_next = min(beam_size, C - k)
+        host = np.concatenate([scores, rows, ids], axis=1).astype(np.float64)
+        py = PythonCandidates(host.tolist(), EOS, beam_size, k_next)
+        npy = NumpyCandidates(host, EOS, beam_size, k_next)
+        assert py.ended == npy.ended
+        ended += len(py.ended)
+        assert py.best_live == npy.best_live
+        keep = sorted(g.choice(B, size=max(1, B // 2), replace=False).tolist())
+        for in_place in [False, True] if k_next == k else [False]:
+            a, b = py.take(keep, k if in_place else 0), npy.take(keep, k if in_place else 0)
+            assert [list(x) for x in a[:3]] == [x.tolist() for x in b[:3]]
+            assert a[3] == (None if b[3] is None else b[3].tolist())
+    assert ended > 10
 
 
 def test_rows_that_stay_keep_their_places():
@@ -432,7 +478,7 @@ def test_rows_that_stay_keep_their_places():
 
 
 @pytest.mark.parametrize("beam_size", [None, 3])
-def test_reorders_move_only_the_rows_that_must(beam_size):
+def test_reorders_move_only_the_rows_that_must(beam_size, reading):
     """After the first step a reorder keeps every surviving row, or group of a sentence's
     rows, in its place; only a beam's second and later children of one parent and the rows
     that fill a finished sentence's place move (what `rows_to_move` then copies)."""
