@@ -471,6 +471,19 @@ def test_python_and_numpy_read_the_candidates_alike():
     assert ended > 10
 
 
+def test_a_few_sentences_are_read_in_python_and_many_in_numpy():
+    def reader(sentences: int) -> type:
+        host = torch.zeros(sentences, 6, dtype=torch.float64)  # C = 2 candidates, both live
+        return type(beam_candidates.read_candidates(host, EOS, 1, 1))
+
+    n = beam_candidates.NUMPY_SENTENCES
+    assert (reader(1), reader(n - 1), reader(n)) == (
+        PythonCandidates,
+        PythonCandidates,
+        NumpyCandidates,
+    )
+
+
 def test_rows_that_stay_keep_their_places():
     assert _in_place_order([0, 1, 2]) == [0, 1, 2]
     assert _in_place_order([0, 2, 3, 5]) == [0, 5, 2, 3]  # 5 takes the place 1 left
