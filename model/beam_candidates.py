@@ -2,17 +2,18 @@
 the live ones take (`model.search.beam_search` makes the decisions that need its finished
 hypotheses in between).
 
-The same rules are read two ways. As tensor ops they had taken as many ops as the model's
-step (one sentence at beam 5: ~75 of ~160 a step, ~5 us each). Read and taken in plain Python
-they cost ~16-20 us a sentence (21 us a step of one sentence at beam 5, 2.0 ms one of 128);
-in numpy 84 us at one sentence, 0.31 ms at 128 (numpy's calls on tiny arrays). Searches of B
-sentences at a time (`small`, fp32, beam 5, 2 cores, alternated in one process), numpy's
-time over Python's: 1.065 at B = 1, 1.02-1.085 from 2 to 32, 0.98-1.01 at 64 and 128, 0.95
-and 0.97 at 250 (bf16 alike). Numpy's reading also made the model's next step slower: at
-one sentence 1.11x, where its longer work let the step's OpenMP threads fall asleep (with
-`OMP_WAIT_POLICY=active` the steps took the same time), and at 32 sentences 1.04x with the
-two readings' time the same, for reasons not found. So a step of fewer than
-`NUMPY_SENTENCES` sentences is read in Python, one of more in numpy.
+The same rules are read two ways. As tensor ops they had taken as many ops as the model's step
+(one sentence at beam 5: ~75 of ~160 a step, ~5 us each). Read and taken in plain Python they
+cost ~16-20 us a sentence (21 us a step of one sentence at beam 5, 2.0 ms one of 128); in numpy
+84 us at one sentence, 0.31 ms at 128 (numpy's calls on tiny arrays). Searches of B sentences
+at a time (`small`, beam 5, fp32 unless said, alternated in one process; 2-core Intel Xeon CPU
+model 207, avx512_bf16 and amx_bf16), numpy's time over Python's: 1.065 at B = 1, 1.02-1.085
+from 2 to 32, 0.98-1.015 at 64 and 128 (fp32 and bf16), 0.97 at 250 (bf16 0.95). Numpy's
+reading also made the model's next step slower: at one sentence 1.11x, where its longer work
+let the step's OpenMP threads fall asleep (with `OMP_WAIT_POLICY=active` the steps took the
+same time), and at 32 sentences 1.04x with the two readings' time the same, for reasons not
+found. So a step of fewer than `NUMPY_SENTENCES` sentences is read in Python, one of more in
+numpy.
 """
 
 from __future__ import annotations
