@@ -10,6 +10,8 @@ RUN ?= runs/$(basename $(notdir $(CONFIG)))
 SRC ?= data/corpora/bible-es-en/test.es
 REF ?= data/corpora/bible-es-en/test.en
 BEAM ?= 5
+# A multilingual run's output language for translate and eval (--to); empty for a one-way run.
+TO ?=
 TEACHER ?= runs/small
 STUDENT_CONFIG ?= configs/student.yaml
 STUDENT ?= $(TEACHER)-student
@@ -63,10 +65,11 @@ train: install
 	$(TF) train $(CONFIG) --out $(RUN)
 
 translate: install
-	$(TF) translate $(RUN) -i $(SRC) -o $(RUN)/translation.txt --beam $(BEAM)
+	$(TF) translate $(RUN) -i $(SRC) -o $(RUN)/translation.txt --beam $(BEAM) $(if $(TO),--to $(TO))
 
 eval: install
-	$(TF) eval $(RUN) --src $(SRC) --ref $(REF) --beam $(BEAM) --json > $(RUN)/.eval.json.partial \
+	$(TF) eval $(RUN) --src $(SRC) --ref $(REF) --beam $(BEAM) $(if $(TO),--to $(TO)) --json \
+		> $(RUN)/.eval.json.partial \
 		|| { rm -f $(RUN)/.eval.json.partial; exit 1; }
 	mv $(RUN)/.eval.json.partial $(RUN)/eval.json
 	cat $(RUN)/eval.json

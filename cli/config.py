@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -306,6 +307,10 @@ def check_config(config: Config, source: str) -> Config:
     def fail(problem: str) -> None:
         raise ConfigError(f"{source}: {problem}")
 
+    for key, value in values.items():  # inf and NaN pass every comparison below, or none
+        numbers = value if isinstance(value, list) else [value]
+        if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
+            fail(f"{key} must be a finite number, got {value!r}")
     for key in POSITIVE:
         if values[key] <= 0:
             fail(f"{key} must be positive, got {values[key]!r}")

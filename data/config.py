@@ -138,7 +138,7 @@ def check_trainable(d: DataConfig) -> None:
 # Pieces that mean something to some tokenizer: never a corpus tag.
 SPECIAL_PIECES = ("<s>", "</s>", "<pad>", "<unk>", "<mask>", "<cls>", "<sep>", "<bos>", "<eos>")
 _TAG = re.compile(r"<[^\s<>]+>|>>[^\s<>]+<<")
-_LANG = re.compile(r"[A-Za-z0-9_-]+")
+LANGUAGE_CODE = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def is_tag(tag: str) -> bool:
@@ -178,9 +178,9 @@ def check_data(d: DataConfig, fail: Callable[[str], None]) -> None:
     for where, s in listed:
         src, tgt = d.languages(s)
         for lang in (src, tgt):
-            if not _LANG.fullmatch(lang):
+            if not LANGUAGE_CODE.fullmatch(lang):
                 fail(f"{where}: language {lang!r} must be a code of letters, digits, _ or -")
-        if src == tgt:
+        if src == tgt and s.corpus:  # (no corpus: an imported many-to-many model, gem-gem)
             fail(f"{where}: source and target language are both {src!r}")
     targets = d.target_langs()
     for name, sets in (("data.dev", d.dev_sets()), ("data.test", d.test_sets())):

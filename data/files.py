@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +25,25 @@ def check_output(path: Path) -> None:
     """
     if path.is_dir():
         raise InputError(f"{path}: is a directory; give a file name")
+    if is_stream(path):
+        if not os.access(path, os.W_OK):
+            raise InputError(f"{path}: cannot be written: not writable")
+        return
+    _check_parents(Path(os.path.realpath(path)))  # a symlink's file, written through it
+
+
+def is_stream(path: Path) -> bool:
+    """Whether `path` is there and no regular file: a pipe (`-o >(gzip > x)`, a FIFO), a
+    device (`/dev/stdout`, `/dev/null`) or a socket, which a command writes into as it is."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def _check_parents(path: Path) -> None:
+    """The nearest existing parent of `path` is a directory we may write in."""
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -31,6 +51,27 @@ def check_output(path: Path) -> None:
         raise InputError(f"{path}: cannot be written: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"{path}: cannot be written: {parent} is not writable")
+
+
+def check_output_dir(out: Path, force: bool, flag: str, source: Path | None = None) -> None:
+    """Fail now, before any work, if `out` could not become a new directory that replaces what
+    it holds (with `force`), or if replacing it would delete `source`, the input.
+
+    Raises:
+        InputError: `out` is a file, a parent of it is a file, its nearest existing parent is
+            not writable, it is not empty and `force` is off, or it is or holds `source`.
+    """
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: is a file; {flag} needs a directory")
+    _check_parents(out)
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not force:
+        raise InputError(f"{out}: exists and is not empty; use --force to replace it")
+    if source is not None and source.resolve().is_relative_to(out.resolve()):
+        raise InputError(
+            f"{out}: holds {source}, which replacing it would delete; give another {flag}"
+        )
 
 
 @functools.cache
@@ -47,8 +88,15 @@ def atomic_output(path: Path, mode: str = "w") -> Iterator[IO]:
     The temporary name is unique (so two processes never write the same one) and created
     exclusively (so it never follows a symlink); it gets the permissions a plain `open` would
     give, not mkstemp's 0600. On any error the temporary file is removed and `path` is as it was.
+    A symlink stays one: the file it names is replaced. A pipe, device or socket (`is_stream`)
+    is written into as it is: it cannot be replaced, nor written whole or not at all.
     """
     check_output(path)
+    if is_stream(path):
+        with open(path, mode, encoding=None if "b" in mode else "utf-8") as f:
+            yield f
+        return
+    path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:

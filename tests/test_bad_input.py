@@ -41,6 +41,11 @@ ROOT = Path(__file__).resolve().parent.parent
         ("decode.patience=-1", "decode.patience must be 0 or more"),
         ("decode.precision=fp8", "decode.precision must be"),
         ("train.device=tpu", "train.device 'tpu' is unknown"),
+        ("train.lr=nan", "train.lr must be a finite number, got nan"),
+        ("train.betas=[0.9,.inf]", "train.betas must be a finite number"),
+        ("decode.patience=inf", "decode.patience must be a finite number, got inf"),
+        ("decode.length_penalty=nan", "decode.length_penalty must be a finite number"),
+        ("decode.max_len_a=-.inf", "decode.max_len_a must be a finite number"),
     ],
 )
 def test_config_values_out_of_range(tmp_path, tiny_prefix, setting, fragment):
@@ -126,6 +131,16 @@ def test_decode_settings_from_the_command_line(trained):
     assert short.exit_code == 0 and len(short.stdout.split()) <= 1
 
 
+def test_a_huge_length_limit_is_capped_at_the_models_positions(trained):
+    """1e300 x a source length made no limit of 1e300 tokens but, cast to an integer first,
+    one of INT64_MIN: every translation came out empty."""
+    lines = "hola\nadios\n"
+    huge = tf("translate", trained, "--greedy", "--set", "decode.max_len_a=1e300", input=lines)
+    capped = tf("translate", trained, "--greedy", "--set", "decode.max_len_a=1000", input=lines)
+    assert huge.exit_code == 0 and capped.exit_code == 0, huge.output
+    assert huge.stdout == capped.stdout and huge.stdout.strip()
+
+
 def test_output_paths_are_checked_before_translating(tmp_path, trained):
     a_file = tmp_path / "file"
     a_file.write_text("keep\n")
@@ -150,6 +165,26 @@ def test_output_goes_through_a_private_temporary_file(tmp_path, trained):
     assert victim.read_text() == "precious\n"
     assert len(out.read_text().splitlines()) == 1
     assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~current_umask()
+
+
+def test_an_output_that_is_a_symlink_or_a_pipe_is_written_through(tmp_path, trained):
+    """A symlink names the file to replace; a FIFO (as `-o >(gzip > x)` gives) is written into:
+    replacing either with a regular file would lose it."""
+    target = tmp_path / "target.en"
+    target.write_text("old\n")
+    link = tmp_path / "link.en"
+    link.symlink_to(target)
+    result = tf("translate", trained, "--greedy", "-o", link, input="hola\nadios\n")
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and len(target.read_text().splitlines()) == 2
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True)
+    result = tf("translate", trained, "--greedy", "-o", fifo, input="hola\nadios\n")
+    read, _ = reader.communicate(timeout=60)
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and len(read.splitlines()) == 2
 
 
 def current_umask() -> int:

@@ -211,6 +211,17 @@ def test_exporting_leaves_the_model_unchanged(sharp, tmp_path):
         assert torch.equal(v, before[k]), k
 
 
+def test_export_never_replaces_the_run_it_exports(trained, tmp_path):
+    run = tmp_path / "runs" / "run"
+    shutil.copytree(trained, run)
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    for out in (run, run.parent):  # the run itself, a folder that holds it
+        for to in ("ctranslate2", "huggingface"):
+            refused = tf("export", run, "--to", to, "-o", out, "--force")
+            assert_user_error(refused, "which replacing it would delete")
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+
+
 def test_export_refuses_clearly(trained, tmp_path, monkeypatch):
     assert_user_error(tf("export", trained, "--to", "onnx", "-o", tmp_path / "x"), "--to onnx")
     full = tmp_path / "full"
@@ -219,7 +230,11 @@ def test_export_refuses_clearly(trained, tmp_path, monkeypatch):
     assert_user_error(tf("export", trained, "--to", "ctranslate2", "-o", full), "--force")
     assert (full / "keep").read_text() == "keep"
     q = tf("export", trained, "--to", "huggingface", "-o", tmp_path / "q", "--quantization", "int8")
-    assert_user_error(q, "--quantization")
+    assert_user_error(q, "--quantization int8: only --to ctranslate2 quantizes")
+    (tmp_path / "afile").write_text("keep")
+    for to in ("ctranslate2", "huggingface"):
+        under = tf("export", trained, "--to", to, "-o", tmp_path / "afile" / "sub")
+        assert_user_error(under, "afile is a file, not a directory")
     import importlib.util
 
     real = importlib.util.find_spec

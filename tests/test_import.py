@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cli import tf
+from test_cli import assert_user_error, tf
 from torch.testing import assert_close
 
 from benchmarks.marian_standin import OPUS_MT_ES_EN, TINY, make_standin
@@ -315,6 +315,20 @@ def evil_pickle(directory: Path) -> None:
     (directory / "pytorch_model.bin").write_bytes(pickle.dumps({"x": Evil()}))
 
 
+def sharded_with_a_list(directory: Path) -> None:
+    """An index file whose weight_map is no mapping (valid JSON all the same)."""
+    (directory / "model.safetensors.index.json").write_text('{"weight_map": ["a", "b"]}')
+
+
+def tokenizer_languages(**languages):
+    def change(directory: Path) -> None:
+        where = directory / "tokenizer_config.json"
+        settings = json.loads(where.read_text()) if where.is_file() else {}
+        where.write_text(json.dumps({**settings, **languages}))
+
+    return change
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -330,6 +344,13 @@ def evil_pickle(directory: Path) -> None:
         (edit_config(vocab_size=999), "config.json's vocab_size is 999"),
         (remove("model.safetensors"), "no model.safetensors or pytorch_model.bin"),
         (evil_pickle, "pytorch_model.bin: not loadable as plain weights"),
+        (edit_config(dropout=None), "dropout must be a number in [0, 1), got None"),
+        (edit_config(activation_function=["relu"]), "activation_function must be a name"),
+        (edit_config(pad_token_id="0"), "pad_token_id must be a token id"),
+        (edit_config(tie_word_embeddings="yes"), "tie_word_embeddings must be true or false"),
+        (sharded_with_a_list, "weight_map must map tensor names to shard file names"),
+        (tokenizer_languages(source_lang=5), "tokenizer_config.json: source_lang must be"),
+        (tokenizer_languages(target_lang="e s"), "tokenizer_config.json: target_lang must be"),
     ],
     ids=[
         "t5",
@@ -344,6 +365,13 @@ def evil_pickle(directory: Path) -> None:
         "vocab-size",
         "no-weights",
         "malicious-pickle",
+        "null-dropout",
+        "activation-list",
+        "id-string",
+        "flag-string",
+        "weight-map-list",
+        "language-number",
+        "language-spaced",
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, tiny_prefix, change, message):
@@ -366,6 +394,55 @@ def test_an_existing_output_needs_force(tmp_path, tiny_prefix):
     assert (out / "keep.txt").read_text() == "mine"
     assert tf("import", directory, "-o", out, "--force").exit_code == 0
     assert not (out / "keep.txt").exists() and (out / "checkpoints" / "last.pt").is_file()
+
+
+def test_an_output_under_a_file_or_holding_the_source_is_refused(tmp_path, tiny_prefix):
+    directory = small_standin(tmp_path, tiny_prefix)
+    (tmp_path / "afile").write_text("mine")
+    under = tf("import", directory, "-o", tmp_path / "afile" / "run")
+    assert_user_error(under, "afile is a file, not a directory")
+    before = sorted(p.name for p in directory.iterdir())
+    for out in (directory, tmp_path):  # the source itself, a folder above it
+        refused = tf("import", directory, "-o", out, "--force")
+        assert_user_error(refused, "which replacing it would delete")
+    assert sorted(p.name for p in directory.iterdir()) == before
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_many_to_many_model_imports_with_its_language_tokens(tmp_path, tiny_prefix):
+    """opus-mt-gem-gem and the like: one group's code on both sides, the languages in tokens."""
+    standin = small_standin(tmp_path, tiny_prefix, language_tokens=(">>deu<<", ">>nld<<"))
+    directory = standin.rename(tmp_path / "opus-mt-gem-gem")
+    tokenizer_languages(source_lang="gem", target_lang="gem")(directory)  # as the hub's says
+    result = tf("import", directory, "-o", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    assert "gem->gem" in result.output and ">>deu<< >>nld<<" in result.output
+    run = tmp_path / "run"
+    assert_user_error(tf("translate", run, input="hola\n"), "--to", "deu, nld")
+    out = tf("translate", run, "--to", "nld", "--greedy", input="hola\n")
+    assert out.exit_code == 0, out.output
+    mono = tmp_path / "mono.txt"
+    mono.write_text("hola\n")
+    fast = ("--greedy", "--set", "decode.max_len_b=4")
+    made = tf("backtranslate", run, mono, "--out", tmp_path / "bt", "--to", "deu", *fast)
+    assert made.exit_code == 0, made.output
+    assert sorted(p.name for p in (tmp_path / "bt").glob("train.*")) == ["train.deu", "train.gem"]
+    hf = tmp_path / "hf"
+    assert tf("export", run, "--to", "huggingface", "-o", hf).exit_code == 0
+    card = (hf / "README.md").read_text()
+    assert "# multilingual translation (gem, deu, nld)" in card and "`>>nld<<` (nld)" in card
+
+
+def test_backtranslating_into_the_source_language_is_refused(tmp_path, tiny_prefix):
+    """Its pairs' two files would be one: train.es holding the translations."""
+    directory = small_standin(tmp_path, tiny_prefix, language_tokens=(">>es<<", ">>en<<"))
+    run = imported(directory, tmp_path)  # es->en by its tokenizer_config.json
+    mono = tmp_path / "mono.es"
+    mono.write_text("hola\n")
+    out = tmp_path / "bt"
+    refused = tf("backtranslate", run, mono, "--out", out, "--to", "es", "--greedy")
+    assert_user_error(refused, "source and target language are both 'es'", "train.es")
+    assert not out.exists()
 
 
 def test_an_imported_run_is_no_training_run_to_resume(tmp_path, tiny_prefix):

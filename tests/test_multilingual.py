@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +23,8 @@ from cli.training.checkpoint import load_for_inference
 from data.config import CorpusConfig, DataConfig, SetConfig
 from data.errors import InputError
 from data.pipeline import load_set
+
+ROOT = Path(__file__).resolve().parent.parent
 
 LINES = ["Y dijo Dios: Sea la luz.", "En el principio", "hola"]
 ENGLISH = ["And God said, Let there be light.", "In the beginning", "hello"]
@@ -462,3 +465,22 @@ def test_a_lines_own_to_must_agree_with_the_token_it_starts_with():
     assert with_language("<2en> Hola", "en", languages, "x:1", "en") == "<2en> Hola"
     with pytest.raises(InputError, match=r'x:1: "to" asks for en, but the text starts with <2es>'):
         with_language("<2es> Hola", "en", languages, "x:1", "en")
+
+
+def test_a_token_without_a_space_after_it_is_the_lines_token():
+    """The tokenizer reads "<2es>Hola" as <2es> then Hola: no second token goes before it."""
+    languages = {"en": "<2en>", "es": "<2es>", "es_mx": "<2es_mx>"}
+    assert with_language("<2es>Hola", "en", languages, "x:1") == "<2es>Hola"
+    assert with_language("  <2es_mx>Hola", "en", languages, "x:1") == "  <2es_mx>Hola"
+    with pytest.raises(InputError, match=r'"to" asks for en, but the text starts with <2es>'):
+        with_language("<2es>Hola", "en", languages, "x:1", "en")
+
+
+def test_make_translate_and_eval_pass_to_for_a_multilingual_run():
+    for target in ("translate", "eval"):
+        make = ["make", "-n", target, "RUN=runs/bi"]
+        chosen = subprocess.run([*make, "TO=es"], cwd=ROOT, capture_output=True, text=True)
+        plain = subprocess.run(make, cwd=ROOT, capture_output=True, text=True)
+        assert chosen.returncode == plain.returncode == 0, chosen.stderr
+        assert "tf translate runs/bi" in chosen.stdout or "tf eval runs/bi" in chosen.stdout
+        assert " --to es" in chosen.stdout and "--to" not in plain.stdout

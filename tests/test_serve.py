@@ -703,6 +703,7 @@ def engine_with_beam(engine: Engine, beam: int) -> Engine:
         (["--max-queue", "0"], "error: --max-queue must be 1 or more, got 0"),
         (["--timeout", "0"], "error: --timeout must be a number of seconds above 0, got 0.0"),
         (["--max-wait", "nan"], "error: --max-wait must be 0 or more, got nan"),
+        (["--max-wait", "1e13"], "error: --max-wait 1e+13 ms must be shorter than --timeout"),
     ],
 )
 def test_tf_serve_refuses_bad_settings_at_start_in_one_line(trained, args, says):

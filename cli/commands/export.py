@@ -14,6 +14,7 @@ from cli.exporters.marian import export_marian
 from cli.exporters.model_card import model_card, run_scores
 from cli.training.checkpoint import load_checkpoint, load_for_inference, resolve_checkpoint
 from data.errors import InputError
+from data.files import check_output_dir
 
 ENGINES = {"ctranslate2": "ctranslate2", "huggingface": "transformers"}
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16")
@@ -26,14 +27,13 @@ def run_export(run: str, to: str, out: Path, quantization: str | None, force: bo
         raise InputError(f"--to {to}: expected one of {', '.join(ENGINES)}")
     if importlib.util.find_spec(ENGINES[to]) is None:
         raise InputError(f"--to {to} needs {ENGINES[to]}: pip install 'tf[export]'")
-    if quantization is not None and (to != "ctranslate2" or quantization not in QUANTIZATIONS):
+    if quantization is not None and to != "ctranslate2":
+        raise InputError(f"--quantization {quantization}: only --to ctranslate2 quantizes")
+    if quantization is not None and quantization not in QUANTIZATIONS:
         raise InputError(
             f"--quantization {quantization}: CTranslate2 takes {', '.join(QUANTIZATIONS)}"
         )
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: is a file; -o needs a directory")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise InputError(f"{out}: is not empty; use --force to replace it")
+    check_output_dir(out, force, "-o", Path(run))
     model, tokenizer, config = load_for_inference(run, torch.device("cpu"))
     # Written beside `out` and renamed at the end: an error leaves no half-exported directory.
     staging = out.with_name(f".{out.name}.partial")

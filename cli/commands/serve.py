@@ -43,6 +43,11 @@ def check_options(port: int, limits: Limits) -> None:
         )
     if not (math.isfinite(limits.timeout) and limits.timeout > 0):
         raise InputError(f"--timeout must be a number of seconds above 0, got {limits.timeout}")
+    if limits.max_wait >= limits.timeout:  # every batch would wait past its requests' time
+        raise InputError(
+            f"--max-wait {limits.max_wait * 1000:g} ms must be shorter than --timeout "
+            f"({limits.timeout:g} s)"
+        )
     if not 0 <= port <= 65535:
         raise InputError(f"--port must be in 0..65535, got {port}")
 

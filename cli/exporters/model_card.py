@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from cli.config import Config
+from cli.inference.languages import target_languages
 from cli.training.checkpoint import CheckpointError, resolve_checkpoint
 from data.config import direction_name
 from data.marian import MarianTokenizer
@@ -51,9 +52,9 @@ def model_card(
     """README.md for the exported directory: Hub metadata, then the card itself. `imported`:
     the checkpoint's record of `tf import` (a pretrained model exported again)."""
     d = config.data
+    tokens = target_languages(config, tokenizer)  # an imported model's `>>xxx<<` ones too
     langs = list(dict.fromkeys(lang for c in d.corpora() for lang in d.direction(c)))
-    langs = langs or [d.src_lang, d.tgt_lang]
-    tokens = d.lang_tokens()
+    langs = langs or list(dict.fromkeys([d.src_lang, *(tokens or [d.tgt_lang])]))
     title = "multilingual" if tokens else f"{d.src_lang}→{d.tgt_lang}"
     metadata = [
         "---",

@@ -33,9 +33,9 @@ from cli.config import (
 )
 from cli.training.checkpoint import FORMAT, save_atomic
 from cli.training.run import RunDir
-from data.config import DataConfig
+from data.config import LANGUAGE_CODE, DataConfig
 from data.errors import InputError
-from data.files import read_json_object
+from data.files import check_output_dir, read_json_object
 from data.marian import TOKENIZER_CONFIG, MarianTokenizer
 from data.tokenizer import Tokenizer
 from model.marian import tf_weights
@@ -75,7 +75,7 @@ VARIANTS = {
 def import_marian(source: str, out: Path, force: bool = False) -> str:
     """Import SOURCE (a directory or a hub name) as the run `out`; returns a report for the
     user: the model, its vocabulary and its target-language tokens."""
-    check_target(out, force)
+    check_output_dir(out, force, "-o", Path(source) if Path(source).exists() else None)
     directory, origin = locate(source)
     hf = read_hf_config(directory)
     if (directory / TF_CONFIG).is_file():  # a `tf export`: the run it came from, exactly
@@ -92,13 +92,6 @@ def import_marian(source: str, out: Path, force: bool = False) -> str:
     origin = {"source": origin, **weights_file_record(weights_file)}
     write_run(model, tokenizer, config, out, origin)
     return report(out, model, tokenizer, config)
-
-
-def check_target(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: is a file; -o needs a directory")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise InputError(f"{out}: exists and is not empty; use --force to replace it")
 
 
 def locate(source: str) -> tuple[Path, str]:
@@ -140,7 +133,8 @@ def download(name: str) -> Path:
         raise InputError(f"{name}: no such directory, nor a model on the hub ({reason})") from None
 
 
-# config.json's numbers that tf takes, each a positive integer.
+# config.json's values that tf takes, each checked for its kind (`read_hf_config`): shapes are
+# positive integers,
 SHAPES = (
     "d_model",
     "encoder_layers",
@@ -152,6 +146,9 @@ SHAPES = (
     "max_position_embeddings",
     "vocab_size",
 )
+IDS = ("pad_token_id", "eos_token_id", "decoder_start_token_id")  # non-negative integers
+RATES = ("dropout", "attention_dropout", "activation_dropout")  # numbers in [0, 1)
+FLAGS = ("share_encoder_decoder_embeddings", "tie_word_embeddings")  # booleans
 
 
 def read_hf_config(directory: Path) -> dict[str, Any]:
@@ -178,9 +175,27 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
     hf = {**MarianConfig().to_dict(), **hf}
     for key in SHAPES:
         value = hf.get(key)
-        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        if not (_is_int(value) and value > 0):
             raise InputError(f"{where}: {key} must be a positive integer, got {value!r}")
+    for key in IDS:
+        if not (_is_int(hf.get(key)) and hf[key] >= 0):
+            raise InputError(f"{where}: {key} must be a token id, got {hf.get(key)!r}")
+    for key in RATES:
+        value = hf.get(key)
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1):
+            raise InputError(f"{where}: {key} must be a number in [0, 1), got {value!r}")
+    for key in FLAGS:
+        if not isinstance(hf.get(key), bool):
+            raise InputError(f"{where}: {key} must be true or false, got {hf.get(key)!r}")
+    if not isinstance(hf.get("activation_function"), str):
+        raise InputError(
+            f"{where}: activation_function must be a name, got {hf.get('activation_function')!r}"
+        )
     return hf
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def model_config_of(hf: dict[str, Any], directory: Path) -> ModelConfig:
@@ -269,7 +284,7 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
     single = directory / "model.safetensors"
     pickled = directory / PICKLED
     if index.is_file():
-        shards = sorted(set(read_json_object(index).get("weight_map", {}).values()))
+        shards = index_shards(index)
         weights = {}
         for shard in shards:
             weights.update(_safetensors(directory / shard))
@@ -294,6 +309,17 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
     if not any(k.startswith("model.") for k in weights):  # a MarianModel: no head of its own
         weights = {f"model.{k}": v for k, v in weights.items()}
     return {k: v.float() for k, v in weights.items()}, found
+
+
+def index_shards(index: Path) -> list[str]:
+    """The shard files a model.safetensors.index.json names, each once, sorted."""
+    weight_map = read_json_object(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(shard, str) and shard and Path(shard).name == shard
+        for shard in weight_map.values()
+    ):
+        raise InputError(f"{index}: weight_map must map tensor names to shard file names")
+    return sorted(set(weight_map.values()))
 
 
 def _safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -348,6 +374,12 @@ def run_config(model_config: ModelConfig, directory: Path, source: str) -> Confi
     tokenizer_config = directory / TOKENIZER_CONFIG
     langs = read_json_object(tokenizer_config) if tokenizer_config.is_file() else {}
     src_lang, tgt_lang = langs.get("source_lang"), langs.get("target_lang")
+    for key, lang in (("source_lang", src_lang), ("target_lang", tgt_lang)):
+        if lang not in (None, "") and not (isinstance(lang, str) and LANGUAGE_CODE.fullmatch(lang)):
+            raise InputError(
+                f"{tokenizer_config}: {key} must be a language code (letters, digits, _ or -), "
+                f"got {lang!r}"
+            )
     named = re.search(r"opus-mt-([a-z_]+)-([a-z_]+)$", source.rstrip("/"), re.IGNORECASE)
     if not (src_lang and tgt_lang) and named:
         src_lang, tgt_lang = named.groups()
@@ -373,8 +405,7 @@ def weights_file_record(path: Path) -> dict[str, str]:
     """The weights' file name and the sha256 of their bytes (every shard's, in order)."""
     files = [path]
     if path.name.endswith(".index.json"):
-        shards = read_json_object(path).get("weight_map", {}).values()
-        files = [path.parent / shard for shard in sorted(set(shards))]
+        files = [path.parent / shard for shard in index_shards(path)]
     sha = hashlib.sha256()
     for file in files:
         with open(file, "rb") as f:

@@ -102,7 +102,7 @@ def search_batch(
     an imported model searches exactly as `generate` does."""
     src_lens = (~batch.src_pad_mask).sum(dim=1)  # (B,)
     limit = model.config.max_positions - 1
-    max_lens = (decode.max_len_a * src_lens + decode.max_len_b).long().clamp(1, limit)
+    max_lens = (decode.max_len_a * src_lens + decode.max_len_b).clamp(1, limit).long()
     # Room for as many target tokens as source tokens, which most rows stay within (the cache
     # doubles for those that do not). Room for the limit (the source + 50), buffers 2.5 times
     # the size used, made greedy search slower than growing the cache by concatenation.

@@ -65,19 +65,27 @@ class Engine:
         translate into that one from ("src" where several do).
 
         Raises:
-            InputError: a multilingual model and no --to, naming its languages.
+            InputError: a multilingual model and no --to, naming its languages; or a source
+                language the same as the target (the corpus's two files would be one).
         """
         d = self.config.data
         if not self.languages:
-            return d.src_lang, d.tgt_lang
-        if not self.to:
+            source, target = d.src_lang, d.tgt_lang
+        elif not self.to:
             raise InputError(
                 f"{command}: the model is multilingual: choose the language to translate into "
                 f"with --to, one of {', '.join(self.languages)}"
             )
-        sources = {d.direction(c)[0] for c in d.corpora() if d.direction(c)[1] == self.to}
-        source = sources.pop() if len(sources) == 1 else "src" if sources else d.src_lang
-        return source, self.to
+        else:
+            sources = {d.direction(c)[0] for c in d.corpora() if d.direction(c)[1] == self.to}
+            source = sources.pop() if len(sources) == 1 else "src" if sources else d.src_lang
+            target = self.to
+        if source == target:
+            raise InputError(
+                f"{command}: source and target language are both {source!r}: the pairs' two "
+                f"files would be one, train.{source}"
+            )
+        return source, target
 
     def source_text(self, line: str | Request, where: str, to: str = "") -> str:
         """A line as the model reads it: a multilingual model's with its language's token, the
@@ -359,8 +367,8 @@ def translate_ids_ct2(
 def length_limit(src_len: int, config: Config) -> int:
     """The most target tokens of a source of `src_len` pieces, as `search_batch` computes it."""
     decode = config.decode
-    limit = int(decode.max_len_a * src_len + decode.max_len_b)
-    return max(1, min(limit, config.model.max_positions - 1))
+    limit = min(decode.max_len_a * src_len + decode.max_len_b, config.model.max_positions - 1)
+    return max(1, int(limit))  # capped first: a huge max_len_a makes no huge int
 
 
 def _search_ct2(translator, tokenizer, src_ids, rows, limit, config, results, guides) -> None:

@@ -65,10 +65,12 @@ def with_language(
     """
     if not languages:
         return text
-    first = text.split(maxsplit=1)[0] if text.strip() else ""
-    if first in languages.values() and stated and first != languages[stated]:
+    # The token it starts with, a space after it or not: the tokenizer splits "<2es>hola" so.
+    starts = [token for token in languages.values() if text.lstrip().startswith(token)]
+    first = max(starts, key=len, default="")
+    if first and stated and first != languages[stated]:
         raise InputError(f'{where}: "to" asks for {stated}, but the text starts with {first}')
-    if first in languages.values() or not text.strip():
+    if first or not text.strip():
         return text  # the line chose (or, blank, needs nothing)
     if to:
         return f"{languages[to]} {text}"
