@@ -206,8 +206,27 @@ def test_wrong_routes_and_methods_answer_json(engine):
     with serving(build_app(engine, "run", "pytorch")) as url:
         status, payload, _ = call(f"{url}/translate")  # GET
         assert status == 405 and "GET /translate" in payload["error"]
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{url}/translate", timeout=60)
+        assert refused.value.headers["Allow"] == "POST"  # what HTTP asks of a 405
         status, payload, _ = call(f"{url}/nowhere")
         assert status == 404 and "/nowhere" in payload["error"]
+
+
+def test_an_address_in_use_is_a_one_line_error_before_serving(trained):
+    from typer.testing import CliRunner
+
+    from cli.main import app as cli_app
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["serve", str(trained), "--port", str(port), "--workers", "1"]
+        done = CliRunner().invoke(cli_app, args)
+    assert done.exit_code == 2, done.output
+    assert f"--port {port}: cannot listen there" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "serving" not in done.output
 
 
 def test_a_failing_search_is_a_500_and_the_server_lives_on(engine):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 from dataclasses import replace
 from importlib import resources
 
@@ -52,6 +53,23 @@ def check_options(port: int, limits: Limits) -> None:
         raise InputError(f"--port must be in 0..65535, got {port}")
 
 
+def check_address(host: str, port: int) -> None:
+    """Bind the address and let it go: one taken, or not this machine's, is a one-line error
+    before the search processes start (uvicorn said so after "serving", and exited 3)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise InputError(f"--host {host}: not an address to listen on ({e})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own socket
+        try:
+            probe.bind(address)
+        except OSError as e:
+            raise InputError(
+                f"--host {host} --port {port}: cannot listen there ({e.strerror})"
+            ) from None
+
+
 def run_serve(
     run: str,
     host: str,
@@ -72,6 +90,7 @@ def run_serve(
     device = pick_device(device_name)
     engine = load_engine(run, device, overrides, int8, to)
     check_engine(engine)  # before any search process loads it again
+    check_address(host, port)
     workers, threads = search_workers(device, limits.workers, own_threads=engine.model is None)
     pool = None
     if device.type == "cpu" and engine.model is not None:  # PyTorch on CPUs: in processes

@@ -314,7 +314,8 @@ def error_handlers(JSONResponse, HTTPException) -> dict:
         return error(exc.status, str(exc), exc.headers)
 
     async def on_http_error(request, exc: HTTPException) -> JSONResponse:  # 404, 405
-        return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+        where = f"{request.method} {request.url.path}"  # a 405 keeps its Allow header
+        return error(exc.status_code, f"{where}: {exc.detail}", getattr(exc, "headers", None))
 
     async def on_failure(request, exc: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path)
