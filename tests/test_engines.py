@@ -145,3 +145,18 @@ def test_ctranslate2_nbest_comes_best_first_by_tfs_score():
     (hyps,) = translate_ids_ct2(Translator(), tok, [[7, 8]], config)
     assert [h.log_prob for h in hyps] == pytest.approx([-1.0, -4.0])  # the sums, recovered
     assert [h.score for h in hyps] == pytest.approx([-1.0 / (7 / 6), -4.0 / (12 / 6)])
+
+
+@pytest.mark.parametrize("beam", [3, 5])
+def test_ctranslate2_beam_search_is_tfs_where_outputs_are_cut(ending_ct2, beam):
+    """With the length penalty off, CTranslate2's beam search finds tf's best output, those cut
+    at the length limit included: it ranks them without the EOS that tf forces there, so the
+    engine re-scores every hypothesis of the beam, not only the n-best it ranked first."""
+    run, ct2 = ending_ct2
+    settings = [f"decode.beam_size={beam}", "decode.length_penalty=0", "decode.min_len=1"]
+    settings.append("decode.precision=fp32")
+    ours, theirs = hypotheses(run, settings), hypotheses(ct2, settings)
+    best = [max(found.values(), key=lambda h: h.score) for found in ours]
+    other = [max(found.values(), key=lambda h: h.score) for found in theirs]
+    assert [h.tokens for h in other] == [h.tokens for h in best]
+    assert any(len(h.tokens) > 30 for h in best)  # some were cut at the limit

@@ -388,8 +388,8 @@ def _search_ct2(translator, tokenizer, src_ids, rows, limit, config, results, gu
             sampling_topp=decode.sampling_topp,
             sampling_temperature=decode.sampling_temperature,
         )
-    else:
-        search = dict(beam_size=decode.beam_size, num_hypotheses=decode.nbest)
+    else:  # every hypothesis of the beam: `_tf_hypotheses` ranks them again by tf's scores
+        search = dict(beam_size=decode.beam_size, num_hypotheses=decode.beam_size)
     prefixes = [tokenizer.tgt_pieces(list(guides[i].prefix)) if guides[i] else None for i in rows]
     found = translator.translate_batch(
         sources,
