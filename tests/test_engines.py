@@ -160,3 +160,16 @@ def test_ctranslate2_beam_search_is_tfs_where_outputs_are_cut(ending_ct2, beam):
     other = [max(found.values(), key=lambda h: h.score) for found in theirs]
     assert [h.tokens for h in other] == [h.tokens for h in best]
     assert any(len(h.tokens) > 30 for h in best)  # some were cut at the limit
+
+
+def test_ctranslate2_returns_what_a_patience_below_1_allows(ending_ct2):
+    """CTranslate2 returns at most beam x patience hypotheses, rounded half up (more is its
+    ValueError): the engine asks for no more, and an nbest past them is refused at load."""
+    run, ct2 = ending_ct2
+    text = "\n".join(LINES) + "\n"
+    half = ["--beam", "5", "--set", "decode.patience=0.5"]
+    three = tf("translate", ct2, *half, "--nbest", "3", input=text)
+    assert three.exit_code == 0, three.output
+    assert len(three.stdout.splitlines()) == 3 * len(LINES)
+    refused = tf("translate", ct2, *half, "--nbest", "4", input=text)
+    assert_user_error(refused, "decode.nbest 4: CTranslate2 returns at most", "(5 x 0.5)")

@@ -10,6 +10,7 @@ sentence (or, in `tf serve`, the first request), not a failure of every search.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -314,6 +315,17 @@ def check_ct2_decode(decode: DecodeConfig) -> None:
             "decode.patience 0 (search on until no live hypothesis can win) is tf's own; "
             "CTranslate2 needs a patience above 0"
         )
+    if not decode.sampling and decode.nbest > ct2_most_hypotheses(decode):
+        raise InputError(
+            f"decode.nbest {decode.nbest}: CTranslate2 returns at most decode.beam_size x "
+            f"decode.patience hypotheses, rounded ({decode.beam_size} x {decode.patience:g})"
+        )
+
+
+def ct2_most_hypotheses(decode: DecodeConfig) -> int:
+    """The most hypotheses CTranslate2's beam search returns: beam x patience, rounded half up
+    (tried: 5 x 0.5 returns 3, 1 x 0.1 none)."""
+    return math.floor(decode.beam_size * decode.patience + 0.5)
 
 
 def ct2_compute_type(ctranslate2, precision: str, device: torch.device) -> str:
@@ -388,8 +400,9 @@ def _search_ct2(translator, tokenizer, src_ids, rows, limit, config, results, gu
             sampling_topp=decode.sampling_topp,
             sampling_temperature=decode.sampling_temperature,
         )
-    else:  # every hypothesis of the beam: `_tf_hypotheses` ranks them again by tf's scores
-        search = dict(beam_size=decode.beam_size, num_hypotheses=decode.beam_size)
+    else:  # every hypothesis of the beam CTranslate2 returns: tf's scores rank them again
+        returned = min(decode.beam_size, ct2_most_hypotheses(decode))
+        search = dict(beam_size=decode.beam_size, num_hypotheses=max(decode.nbest, returned))
     prefixes = [tokenizer.tgt_pieces(list(guides[i].prefix)) if guides[i] else None for i in rows]
     found = translator.translate_batch(
         sources,
