@@ -90,8 +90,9 @@ distill: install
 # trains on PARALLEL plus those pairs, tagged (Caswell et al. 2019), and is scored. By default
 # the bundled pairs split by verse: half A's pairs, half B's English alone, and the recipe of
 # configs/backtranslate.yaml (2,000 updates a model). Beam 5 and the tag were chosen on dev
-# there (README, "What to expect"); sampling (Edunov et al. 2018, BT_SEARCH="--greedy --set
-# decode.sampling_topk=10") pays with larger corpora and stronger reverse models.
+# there (docs/recipes.md, "Back-translation"); sampling (Edunov et al. 2018,
+# BT_SEARCH="--greedy --set decode.sampling_topk=10") pays with larger corpora and stronger
+# reverse models.
 # Each step is a plain `tf` command that resumes where a killed run stopped.
 BT ?= runs/bt
 BT_CONFIG ?= configs/backtranslate.yaml

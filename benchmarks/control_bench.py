@@ -7,7 +7,7 @@ phrase). Translated at beam 5 through `tf translate --input-format jsonl` as lau
 and without the constraints: the share of outputs that hold their term, BLEU and chrF on those
 200, and sentences/s of each (the whole command, the model's loading included, timed).
 `--beams 1 4 8` measures the same at each of those beams instead: what beam constrained search
-needs to work well (the README's table).
+needs to work well (the table in docs/recipes.md, "Constraints and ensembles").
 
 Ensembles (with `--seeds`): the whole test set at beam 5 through `tf eval`, each model alone
 and together: a run's last two saved checkpoints, and two runs that differ only in their seed.

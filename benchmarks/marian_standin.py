@@ -91,6 +91,8 @@ def make_standin(
     seed: int = 0,
     init_std: float = 0.02,
     vocabulary: int = 0,
+    generation: dict | None = None,
+    target_vocabulary: int = 0,
 ) -> Path:
     """Write the stand-in model to `out` (see the module docstring); returns `out`.
 
@@ -99,7 +101,12 @@ def make_standin(
     model's target-language tokens (">>fra<<", ...), in the vocabulary. init_std: the
     weights' spread (a larger one makes a random model's choices clear-cut). vocabulary: fill
     the vocabulary up to this many pieces with ones the SentencePiece models never produce
-    (opus-mt-es-en has 65,001; the output layer's cost grows with it).
+    (opus-mt-es-en has 65,001; the output layer's cost grows with it); target_vocabulary: the
+    same for target_vocab.json (separate: a size of its own, so its <pad> has another id, the
+    decoder's start; config.json's pad_token_id is the smaller vocabulary's, which transformers
+    can pad both embeddings with). generation: settings
+    of its generation_config.json besides OPUS-MT's (beam 4, max_length 512, pad banned, EOS
+    forced at the limit), or with a None value without them.
     """
     from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
@@ -110,19 +117,18 @@ def make_standin(
     (out / "target.model").rename(out / "target.spm")
     if separate:
         vocab = marian_vocabulary([source], list(language_tokens))
-        target_vocab = marian_vocabulary([target], [])
+        target_vocab = fill(marian_vocabulary([target], []), target_vocabulary)
         (out / "target_vocab.json").write_text(json.dumps(target_vocab, ensure_ascii=False))
     else:
         vocab = target_vocab = marian_vocabulary([source, target], list(language_tokens))
-    filler = [f"\u2581unused{i}" for i in range(max(0, vocabulary - len(vocab)))]
-    if filler:  # before <pad>, which stays last
-        pad = vocab.pop("<pad>")
-        vocab.update({piece: pad + i for i, piece in enumerate(filler)})
-        vocab["<pad>"] = len(vocab)
+    vocab = fill(vocab, vocabulary)
+    if not separate:
+        target_vocab = vocab
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     tokenizer_config = {"source_lang": "es", "target_lang": "en", "separate_vocabs": separate}
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
-    pad = vocab["<pad>"]
+    start = target_vocab["<pad>"]
+    pad = min(vocab["<pad>"], start)
     config = MarianConfig(
         **dict(shape, share_encoder_decoder_embeddings=not separate),
         vocab_size=len(vocab),
@@ -131,25 +137,42 @@ def make_standin(
         eos_token_id=0,
         bos_token_id=0,
         forced_eos_token_id=0,
-        decoder_start_token_id=pad,
+        decoder_start_token_id=start,
         init_std=init_std,
     )
     torch.manual_seed(seed)
     model = MarianMTModel(config).eval()
     with torch.no_grad():  # a trained model's output bias is not zero: make this one's neither
         model.final_logits_bias.normal_(0.0, init_std)
-    model.generation_config = GenerationConfig(
-        bad_words_ids=[[pad]],
+    settings = dict(
+        bad_words_ids=[[start]],
         bos_token_id=0,
-        decoder_start_token_id=pad,
+        decoder_start_token_id=start,
         eos_token_id=0,
         forced_eos_token_id=0,
         max_length=512,
         num_beams=4,
         pad_token_id=pad,
     )
+    settings.update(generation or {})
+    model.generation_config = GenerationConfig(
+        **{k: v for k, v in settings.items() if v is not None}
+    )
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def fill(vocab: dict[str, int], size: int) -> dict[str, int]:
+    """`vocab` filled up to `size` pieces with ones no SentencePiece model produces, before
+    its <pad>, which stays last."""
+    filler = [f"\u2581unused{i}" for i in range(max(0, size - len(vocab)))]
+    if not filler:
+        return vocab
+    vocab = dict(vocab)
+    pad = vocab.pop("<pad>")
+    vocab.update({piece: pad + i for i, piece in enumerate(filler)})
+    vocab["<pad>"] = len(vocab)
+    return vocab
 
 
 def bundled_lines(n: int) -> tuple[list[str], list[str]]:

@@ -77,7 +77,9 @@ class TrainConfig:
     log_every: int = 100
     eval_every: int = 1000  # 0: validate only at the end
     eval_on_start: bool = False  # validate at step 0 too (fine-tuning: the imported model's BLEU)
-    eval_bleu_sentences: int = 500  # dev sentences decoded greedily for BLEU/chrF; 0: all
+    # Dev sentences decoded greedily for BLEU/chrF, per direction (two dev sets of one direction
+    # share them evenly, what a short one cannot use going to the other); 0: all.
+    eval_bleu_sentences: int = 500
     early_stop_metric: Literal["bleu", "chrf", "loss"] = "bleu"
     patience: int = 0  # validations without improvement before stopping; 0 disables
     save_every: int = 1000
@@ -102,6 +104,23 @@ class DecodeConfig:
     # On the shared test set (small, beam 5) patience 2 left 992 of 1,000 translations as the
     # exhaustive search made them, in 0.6x the time; patience 1 changed 93 and cost 0.2 BLEU.
     patience: float = 2.0
+    # The rules of transformers' `generate` that an imported model brings (`tf import` sets them
+    # from its generation config). length_penalty_form: "gnmt" divides a finished hypothesis's
+    # log-probability by ((5 + |Y|) / 6) ** length_penalty, "power" by |Y| ** length_penalty
+    # (transformers', CTranslate2's), |Y| counting the EOS.
+    length_penalty_form: Literal["gnmt", "power"] = "gnmt"
+    # What else stops a sentence's beam search: "bound", once no live hypothesis can beat its
+    # nbest finished ones at any length it may reach; "current_length", transformers' default
+    # (`early_stopping: false`), once beam_size have finished and the best live one, scored at
+    # its current length, does not beat the worst of them (sooner; it may miss a longer, better
+    # translation where the length penalty rewards length).
+    beam_stop: Literal["bound", "current_length"] = "bound"
+    # The EOS forced at the length limit counts its log-probability (true) or none, as certain
+    # (false: transformers' `forced_eos_token_id`); it ranks the hypotheses cut there.
+    score_forced_eos: bool = True
+    # Log-probabilities normalised again after the rules forbid tokens (min_len, repeated
+    # n-grams, a Marian model's pad): transformers' `renormalize_logits`.
+    renormalize: bool = False
     max_tokens: int = 4096  # source tokens per translation batch, padding counted
     # auto: bf16 autocast where the device computes it natively (GPUs from Ampere on, else
     # fp16; CPUs with AVX512-BF16 or AMX), fp32 elsewhere; a loaded model on a CPU without AMX
@@ -161,7 +180,16 @@ def with_overrides(
             allowed = ", ".join(f"{s}.KEY" for s in sections)
             raise ConfigError(f"--set {item}: only {allowed} can be set here")
         apply_override(raw, item)
-    return check_config(from_dict(Config, raw, "--set"), "--set")
+    config = from_dict(Config, raw, "--set")
+    dec = config.decode
+    # check_config's rule, in the command line's words: `--nbest 3` over a run of beam 2 sets
+    # no --set, and a run's own nbest may exceed a --beam given.
+    if dec.nbest > dec.beam_size:
+        raise ConfigError(
+            f"--nbest {dec.nbest} needs --beam {dec.nbest} or more "
+            f"(decode.nbest {dec.nbest}, decode.beam_size {dec.beam_size})"
+        )
+    return check_config(config, "--set")
 
 
 def resolve_config_path(path: str | Path) -> Path:
@@ -322,6 +350,12 @@ def check_config(config: Config, source: str) -> Config:
             fail(f"{key} must be in [0, 1), got {values[key]!r}")
     d, m, t, dec = config.data, config.model, config.train, config.decode
     check_data(d, fail)
+    if d.directions and d.corpora() and not t.init:
+        fail(
+            "data.directions records what a model translates besides its corpora (`tf train "
+            "--init` and `tf import` write it); a run trained from scratch translates what its "
+            "corpora train: remove it"
+        )
     # A target of max_len pieces is max_len + 1 with BOS; a source, plus its prefix pieces
     # (a target-language token, a corpus tag).
     prefix = max([1] + [len(d.source_prefix(c)) for c in d.corpora()])

@@ -185,8 +185,9 @@ def translate(
         typer.Option(help="Write DIR/NNNN.png: each line's cross-attention (needs matplotlib)."),
     ] = None,
     attention_layer: Annotated[
-        int, typer.Option(help="Decoder layer drawn by --attention (-1: the last).")
-    ] = -1,
+        Optional[int],  # noqa: UP045
+        typer.Option(help="Decoder layer drawn by --attention [-1: the last].", show_default=False),
+    ] = None,
     attention_head: Annotated[
         Optional[int],  # noqa: UP045
         typer.Option(help="Head drawn by --attention (default: the mean over heads)."),
@@ -195,10 +196,10 @@ def translate(
     """Translate raw text line by line (stdin to stdout by default)."""
     from cli.commands.translate import run_translate
     from cli.inference.decoding import decode_overrides
-    from cli.inference.heatmaps import AttentionOptions
+    from cli.inference.heatmaps import attention_options
 
     overrides = decode_overrides(beam, greedy, nbest, lenpen, set_ or [])
-    pictures = AttentionOptions(attention, attention_layer, attention_head) if attention else None
+    pictures = attention_options(attention, attention_layer, attention_head)
     run_translate(
         runs,
         input,
@@ -237,11 +238,15 @@ def eval_(
     to: To = "",
 ) -> None:
     """Translate and score with sacrebleu: corpus BLEU and chrF, with signatures."""
-    from cli.commands.evaluate import run_eval
+    from cli.commands.evaluate import check_hyp_alone, run_eval
     from cli.inference.decoding import decode_overrides
 
     if limit < 0:
         raise InputError(f"--limit must be 0 (all) or more, got {limit}")
+    if hyp is not None:
+        given = {"RUN": bool(runs), "--src": src is not None, "--beam": beam is not None}
+        given |= {"--greedy": greedy, "--lenpen": lenpen is not None, "--set": bool(set_)}
+        check_hyp_alone(given | {"--int8": int8, "--to": bool(to)})
     overrides = decode_overrides(beam, greedy, None, lenpen, set_ or [])
     typer.echo(run_eval(runs, src, ref, hyp, overrides, device, limit, json, int8, to))
 

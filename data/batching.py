@@ -6,7 +6,9 @@ B * T <= max_tokens, where T = longest target + 1 (for BOS in `tgt_in`, EOS in `
 
 Shapes: with a `pad_multiple` m > 1 a training batch has one width W for both sides, max(S, T)
 rounded up to a multiple of m, (unless it ends a pool) a multiple of `SIZE_MULTIPLE` sentences,
-and its rows of real targets (the output layer's) rounded up to `TARGET_ROWS_MULTIPLE`. oneDNN,
+and its rows of real targets (the output layer's) rounded up to `TARGET_ROWS_MULTIPLE`; W stops
+at `max_width`, the model's max_positions (a pair of max_len pieces is max_len + 1 wide with
+BOS/EOS, which rounding up would carry past the last position). oneDNN,
 which runs the CPU's bf16 and int8 matmuls, builds and keeps a kernel with its scratch memory
 per shape. On bible-es-en with `small`'s tokenizer, three epochs held 163 distinct (B, S, T)
 shapes, and 58 with m = 2, the padding share 5.6% -> 7.7% (benchmarks/data_bench.py; rounding
@@ -113,6 +115,7 @@ def collate(
     bos_id: int,
     eos_id: int,
     indices: Sequence[int],
+    src_pad_id: int | None = None,
 ) -> Batch:
     """Pad token ids into a `Batch`; targets gain the start token (`tgt_in`) and EOS
     (`tgt_out`).
@@ -124,13 +127,17 @@ def collate(
         pad_id, bos_id, eos_id: the tokenizer's special ids; bos_id is the decoder's start
             token (`Tokenizer.decoder_start_id`: BOS, or pad for Marian's models).
         indices: the dataset row of each example, kept in `Batch.indices`.
+        src_pad_id: the source vocabulary's padding id where it is not pad_id (a Marian
+            model's two vocabularies, `Tokenizer.src_pad_id`).
 
     Returns:
         The batch; row i holds example i.
     """
     src_rows = [np.asarray(row, dtype=np.int64) for row in src]
     tgt_rows = None if tgt is None else [np.asarray(row, dtype=np.int64) for row in tgt]
-    return _collate_rows(src_rows, tgt_rows, pad_id, bos_id, eos_id, list(indices))
+    return _collate_rows(
+        src_rows, tgt_rows, pad_id, bos_id, eos_id, list(indices), src_pad_id=src_pad_id
+    )
 
 
 def _collate_rows(
@@ -141,9 +148,12 @@ def _collate_rows(
     eos_id: int,
     indices: list[int],
     pad_multiple: int = 1,
+    max_width: int | None = None,
+    src_pad_id: int | None = None,
 ) -> Batch:
     """`collate` on numpy rows (the iterator's fast path). With `pad_multiple` > 1 both sides
-    are padded to one width, the longer side's rounded up to a multiple of it."""
+    are padded to one width, the longer side's rounded up to a multiple of it but not past
+    `max_width` (the model's positions; None: no limit)."""
     n = len(src_rows)
     src_lens = torch.tensor([len(row) for row in src_rows], dtype=torch.long)
     tgt_lens = torch.zeros(n, dtype=torch.long)
@@ -152,8 +162,8 @@ def _collate_rows(
     src_width = int(src_lens.max()) if n else 0
     tgt_width = int(tgt_lens.max()) if n else 0
     if pad_multiple > 1:
-        src_width = tgt_width = _round_up(max(src_width, tgt_width), pad_multiple)
-    src = _pad(src_rows, src_width, pad_id)  # (B, S)
+        src_width = tgt_width = padded_width(max(src_width, tgt_width), pad_multiple, max_width)
+    src = _pad(src_rows, src_width, pad_id if src_pad_id is None else src_pad_id)  # (B, S)
     if tgt_rows is None:
         tgt_in = tgt_out = torch.empty(n, 0, dtype=torch.long)
     else:
@@ -200,6 +210,14 @@ def _pad(
 def _round_up(x, multiple: int):
     """x (an int or an array) rounded up to a multiple of `multiple`."""
     return -(-x // multiple) * multiple
+
+
+def padded_width(width: int, multiple: int, max_width: int | None = None) -> int:
+    """`width` rounded up to a multiple of `multiple`, capped at `max_width` (never below
+    `width` itself): a position past the model's `max_positions` has no embedding, so padding
+    there would fail the forward pass."""
+    rounded = _round_up(width, multiple)
+    return rounded if max_width is None else max(width, min(rounded, max_width))
 
 
 def _pad_mask(lengths: Tensor, width: int) -> Tensor:
@@ -374,11 +392,15 @@ class BatchIterator:
             indices are positions in these.
         max_tokens: padded-token budget per side and batch.
         pad_id, bos_id, eos_id: the tokenizer's special ids.
+        src_pad_id: the source's padding id where it is not pad_id (`collate`).
         max_sentences: at most this many examples per batch (None: no limit).
         seed: with the epoch number, determines the shuffles.
         shuffle: False gives one length-sorted pass in a fixed order (for validation).
         pool_batches: pool size, in (estimated) batches; larger pads less, shuffles less.
         rank, world_size: this process's share of each epoch.
+        corpora: [(rows, weight), ...] of the examples in order (None: one corpus, weight 1).
+        pad_multiple: batch width rounded up to a multiple of this (see the module docstring).
+        max_width: the model's max_positions: no rounded width goes past it (None: no limit).
 
     Attributes:
         epoch, position: the next batch to yield is batch `position` of epoch `epoch`.
@@ -401,6 +423,8 @@ class BatchIterator:
         world_size: int = 1,
         corpora: Sequence[tuple[int, float]] | None = None,
         pad_multiple: int = 1,
+        max_width: int | None = None,
+        src_pad_id: int | None = None,
     ) -> None:
         self.src = src if isinstance(src, (RaggedIds, RaggedConcat)) else RaggedIds.from_lists(src)
         self.tgt = tgt if isinstance(tgt, (RaggedIds, RaggedConcat)) else RaggedIds.from_lists(tgt)
@@ -420,7 +444,9 @@ class BatchIterator:
         self.max_tokens = max_tokens
         self.max_sentences = max_sentences
         self.pad_multiple = pad_multiple
+        self.max_width = max_width  # shapes the tensors only, never the plan: not in the state
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.src_pad_id = src_pad_id
         self.seed, self.shuffle = seed, shuffle
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
@@ -555,6 +581,8 @@ class BatchIterator:
             self.eos_id,
             rows.tolist(),
             self.pad_multiple,
+            self.max_width,
+            self.src_pad_id,
         )
 
 

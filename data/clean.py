@@ -19,8 +19,10 @@ and live in `data.prepared`. Everything runs in Arrow's kernels, batch by batch 
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -156,16 +158,22 @@ def clean_mask(
     return keep, removed
 
 
-def first_row_holding(ds: datasets.Dataset, piece: str) -> int | None:
-    """The first row of `ds` one of whose sides holds the text `piece`, or None (a corpus tag
-    must be a piece no sentence holds: `data.pipeline.check_tags`)."""
+def first_row_holding(ds: datasets.Dataset, pieces: Sequence[str]) -> tuple[int, str] | None:
+    """The first row of `ds` one of whose text columns (its sides, or the one side read) holds
+    one of the texts `pieces`, and which, or None (a corpus tag must be a piece no sentence
+    holds: `data.pipeline.check_tags`; no text holds a NUL: `data.corpus.load_corpus`). One
+    pass over the corpus for them all: a multilingual import has hundreds of tokens."""
+    pattern = "|".join(re.escape(piece) for piece in pieces)
     start = 0
-    for table in _tables(ds):
-        hit = pc.or_(
-            pc.match_substring(table.column("src"), piece),
-            pc.match_substring(table.column("tgt"), piece),
-        ).to_numpy(zero_copy_only=False)
+    for table in ds.with_format("arrow").iter(batch_size=_BATCH):
+        if len(pieces) == 1:
+            hits = [pc.match_substring(column, pieces[0]) for column in table.columns]
+        else:
+            hits = [pc.match_substring_regex(column, pattern) for column in table.columns]
+        hit = functools.reduce(pc.or_, hits).to_numpy(zero_copy_only=False)
         if hit.any():
-            return start + int(np.argmax(hit))
+            row = int(np.argmax(hit))
+            text = " ".join(column[row].as_py() for column in table.columns)
+            return start + row, next(piece for piece in pieces if piece in text)
         start += len(table)
     return None

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from data.errors import InputError
@@ -23,6 +23,9 @@ class SetConfig:
     src_lang: str = ""
     tgt_lang: str = ""
     reverse: bool = False  # read it the other way round: tgt_lang -> src_lang
+    # A reserved piece put before every source sentence of it, e.g. "<bt>" (a dev set's: one
+    # of the training corpora's, so that a tagged domain is validated as it trains).
+    tag: str = ""
 
 
 @dataclass
@@ -30,7 +33,6 @@ class CorpusConfig(SetConfig):
     """One training corpus of a mix (`data.train` as a list)."""
 
     weight: float = 1.0  # its pairs are seen `weight` times per epoch (a fraction: a subset)
-    tag: str = ""  # a reserved piece put before every source sentence of it, e.g. "<bt>"
 
 
 @dataclass
@@ -46,9 +48,17 @@ class DataConfig:
     # A corpus spec read as src_lang -> tgt_lang, or a list of sets with their directions,
     # [{corpus: SPEC}, {corpus: SPEC, reverse: true}]: each direction is validated on its own.
     dev: str | list[SetConfig] = "bundled:bible-es-en/dev"
+    # The test sets: cleaning keeps their pairs out of training, either way round. "": none.
     test: str | list[SetConfig] = "bundled:bible-es-en/test"
+    # The languages of a corpus that names none (its own `src_lang`/`tgt_lang` win). What a run
+    # translates comes from its corpora (`translates`), not from these.
     src_lang: str = "es"
     tgt_lang: str = "en"
+    # The directions the model translates besides its training corpora's, "SRC->TGT" each:
+    # `tf train --init` records those of the model it starts from (a multilingual model
+    # fine-tuned on one direction keeps the others, and their tokens), `tf import` the imported
+    # model's. Empty: its corpora's alone.
+    directions: list[str] = field(default_factory=list)
     # A run whose corpora have more than one target language is multilingual: every source
     # starts with the token of its target language, this with {lang} filled in ("<2en>";
     # ">>{lang}<<" gives OPUS-MT's ">>en<<"), one reserved piece per language.
@@ -77,10 +87,16 @@ class DataConfig:
         return [CorpusConfig(self.train)] if isinstance(self.train, str) else list(self.train)
 
     def dev_sets(self) -> list[SetConfig]:
-        return [SetConfig(self.dev)] if isinstance(self.dev, str) else list(self.dev)
+        """`dev` as a list; "" is none (a model alone's, imported: training needs one)."""
+        if isinstance(self.dev, str):
+            return [SetConfig(self.dev)] if self.dev else []
+        return list(self.dev)
 
     def test_sets(self) -> list[SetConfig]:
-        return [SetConfig(self.test)] if isinstance(self.test, str) else list(self.test)
+        """`test` as a list; "" is none (a fine-tuning recipe's: the user's pairs decide)."""
+        if isinstance(self.test, str):
+            return [SetConfig(self.test)] if self.test else []
+        return list(self.test)
 
     def languages(self, s: SetConfig) -> tuple[str, str]:
         """The languages of `s`'s files: (source, target) before any reversing."""
@@ -91,9 +107,26 @@ class DataConfig:
         src, tgt = self.languages(s)
         return (tgt, src) if s.reverse else (src, tgt)
 
+    def translates(self) -> list[tuple[str, str]]:
+        """The (source, target) directions of the model, each once, in order: those recorded
+        (`directions`), then its training corpora's; a model with neither (imported before
+        directions were recorded) data.src_lang -> data.tgt_lang. The one place every command
+        learns what a run translates."""
+        ways = [parse_direction(way) for way in self.directions]
+        ways += [self.direction(c) for c in self.corpora()]
+        return list(dict.fromkeys(ways)) or [(self.src_lang, self.tgt_lang)]
+
     def target_langs(self) -> list[str]:
-        """The target languages of the training corpora, each once, in order."""
-        return list(dict.fromkeys(self.direction(c)[1] for c in self.corpora()))
+        """The languages the model translates into, each once, in order."""
+        return list(dict.fromkeys(tgt for _, tgt in self.translates()))
+
+    def sources_into(self, target: str) -> list[str]:
+        """The languages the model reads to write `target`: its training corpora's into it
+        where it has any (a fine-tuned model's are the ones it was tuned on), else those of
+        every direction into it."""
+        trained = [self.direction(c)[0] for c in self.corpora() if self.direction(c)[1] == target]
+        every = [src for src, tgt in self.translates() if tgt == target]
+        return list(dict.fromkeys(trained or every))
 
     def lang_tokens(self) -> dict[str, str]:
         """{language: its token} of a multilingual run (more than one target language); empty
@@ -105,14 +138,40 @@ class DataConfig:
         """The pieces put before each source of `s`: its target-language token (multilingual
         runs), then its corpus tag."""
         token = self.lang_tokens().get(self.direction(s)[1])
-        tag = getattr(s, "tag", "")
-        return [t for t in (token, tag) if t]
+        return [t for t in (token, s.tag) if t]
 
     def tags(self) -> list[str]:
         """The reserved source pieces, each once, in order (the tokenizer reserves them): the
         target-language tokens, then the training corpora's tags."""
         tags = [*self.lang_tokens().values(), *(c.tag for c in self.corpora() if c.tag)]
         return list(dict.fromkeys(tags))
+
+
+def with_directions(d: DataConfig, tags: Iterable[str]) -> DataConfig:
+    """`d` with what its model translates recorded (`directions`), as a run's config has it: a
+    model imported before `tf import` recorded its directions names its target languages only
+    by its tokenizer's `tags`, OPUS-MT's `>>xxx<<` pieces, read from its one source. (A run
+    trained on corpora says what it translates into: its `>>bt<<`-style tags are no languages.)"""
+    if d.corpora() or d.directions:
+        return d
+    langs = [m.group(1) for tag in tags if (m := _MARIAN_TOKEN.fullmatch(tag))]
+    if len(langs) < 2:
+        return d
+    return replace(
+        d, directions=[direction_of(d.src_lang, lang) for lang in langs], lang_token=">>{lang}<<"
+    )
+
+
+def parse_direction(way: str) -> tuple[str, str]:
+    """Read "es->en" as ("es", "en"); ("", "") for what is no direction (`check_data` says
+    so)."""
+    src, arrow, tgt = way.partition("->")
+    return (src.strip(), tgt.strip()) if arrow else ("", "")
+
+
+def direction_of(src: str, tgt: str) -> str:
+    """How `data.directions` writes a direction: "es->en"."""
+    return f"{src}->{tgt}"
 
 
 def lang_token(form: str, lang: str) -> str:
@@ -137,6 +196,7 @@ def check_trainable(d: DataConfig) -> None:
 
 # Pieces that mean something to some tokenizer: never a corpus tag.
 SPECIAL_PIECES = ("<s>", "</s>", "<pad>", "<unk>", "<mask>", "<cls>", "<sep>", "<bos>", "<eos>")
+_MARIAN_TOKEN = re.compile(r">>([^\s<>]+)<<")  # OPUS-MT's target-language tokens: >>fra<<
 _TAG = re.compile(r"<[^\s<>]+>|>>[^\s<>]+<<")
 LANGUAGE_CODE = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -156,6 +216,38 @@ def corpus_name(d: DataConfig, i: int) -> str:
 # The settings that shape a trained SentencePiece model: they cannot apply to a tokenizer that
 # is adopted (`data.tokenizer`) or comes with a checkpoint (`train.init`).
 VOCABULARY_SETTINGS = ("vocab_size", "tokenizer_type", "character_coverage")
+
+
+def check_tags(d: DataConfig, fail: Callable[[str], None]) -> None:
+    """A corpus tag is a piece no text holds, none of the special pieces, and none of the
+    run's target-language tokens: those the run puts itself where a corpus's target language
+    asks for one, and a corpus tagged with one as well would train on it twice. A dev or test
+    set's tag is one of the training corpora's (a piece the tokenizer reserves)."""
+    tokens = {token: lang for lang, token in d.lang_tokens().items()}
+    trained = [c.tag for c in d.corpora() if c.tag]
+    listed = [(corpus_name(d, i), c) for i, c in enumerate(d.corpora())]
+    listed += [(f"data.dev[{i}]", s) for i, s in enumerate(d.dev_sets())]
+    listed += [(f"data.test[{i}]", s) for i, s in enumerate(d.test_sets())]
+    for where, s in listed:
+        if not s.tag:
+            continue
+        if s.tag in tokens:
+            fail(
+                f"{where}.tag {s.tag!r} is the run's token for {tokens[s.tag]}, which it puts "
+                "before every source translated into it: drop the tag, and name the "
+                f"corpus's languages instead (tgt_lang: {tokens[s.tag]}, or reverse: true)"
+            )
+        if not is_tag(s.tag):
+            fail(
+                f"{where}.tag {s.tag!r}: a tag is a piece no text holds, written <name> or "
+                f">>name<<, and not one of {', '.join(SPECIAL_PIECES)}"
+            )
+        if s.tag not in trained:
+            fail(
+                f"{where}.tag {s.tag!r} tags no training corpus ("
+                f"{', '.join(trained) or 'none is tagged'}): a set's tag must be a piece the "
+                "tokenizer reserves for one"
+            )
 
 
 def check_data(d: DataConfig, fail: Callable[[str], None]) -> None:
@@ -182,14 +274,21 @@ def check_data(d: DataConfig, fail: Callable[[str], None]) -> None:
                 fail(f"{where}: language {lang!r} must be a code of letters, digits, _ or -")
         if src == tgt and s.corpus:  # (no corpus: an imported many-to-many model, gem-gem)
             fail(f"{where}: source and target language are both {src!r}")
+    for i, way in enumerate(d.directions):
+        src, tgt = parse_direction(way)
+        if not (LANGUAGE_CODE.fullmatch(src) and LANGUAGE_CODE.fullmatch(tgt)):
+            fail(
+                f"data.directions[{i}] {way!r} must be two language codes, source then "
+                'target: "es->en"'
+            )
     targets = d.target_langs()
     for name, sets in (("data.dev", d.dev_sets()), ("data.test", d.test_sets())):
         for i, s in enumerate(sets):
             into = d.direction(s)[1]
-            if targets and into not in targets:  # (an imported model's config: no corpora)
+            if into not in targets:
                 fail(
-                    f"{name}[{i}] translates into {into!r}, which no training corpus does "
-                    f"({', '.join(targets)})"
+                    f"{name}[{i}] translates into {into!r}, which the model does not (its "
+                    f"corpora and data.directions: into {', '.join(targets)})"
                 )
     for i, c in enumerate(d.corpora()):
         where = corpus_name(d, i)
@@ -197,12 +296,7 @@ def check_data(d: DataConfig, fail: Callable[[str], None]) -> None:
             fail(f"{where}: no corpus spec")
         if not (c.weight > 0 and math.isfinite(c.weight)):
             fail(f"{where}.weight must be a positive number, got {c.weight}")
-        if c.tag and not is_tag(c.tag):
-            fail(
-                f"{where}.tag {c.tag!r}: a tag is a piece no text holds, written <name> (or "
-                ">>name<<, a Marian model's target-language token), and not one of "
-                f"{', '.join(SPECIAL_PIECES)}"
-            )
+    check_tags(d, fail)
     if not (d.temperature > 0 and math.isfinite(d.temperature)):
         fail(f"data.temperature must be a positive number, got {d.temperature}")
     if d.pad_multiple < 1:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -31,8 +32,9 @@ import pyarrow.compute as pc
 from datasets.utils import tqdm as datasets_tqdm
 
 from data.batching import RaggedIds
+from data.clean import first_row_holding
 from data.errors import InputError
-from data.text import open_bytes, read_line_blocks
+from data.text import nul_problem, open_bytes, read_line_blocks
 
 if TYPE_CHECKING:
     from data.tokenizer import Tokenizer
@@ -46,19 +48,27 @@ datasets.logging.set_verbosity_error()
 BUNDLED_DIR = Path(__file__).parent / "corpora"
 _ARROW_BATCH = 65_536  # rows per Arrow batch when measuring lengths
 _ENCODE_VERSION = "1"  # bump when `encode_corpus` changes, to invalidate its cached outputs
-_LINES_VERSION = "1"  # bump when `_write_lines` changes, likewise
+_LINES_VERSION = "2"  # bump when `_write_lines` changes, likewise (2: NULs refused)
 
 
-def load_corpus(spec: str, src_lang: str, tgt_lang: str) -> datasets.Dataset:
+SIDES = ("src", "tgt")
+
+
+def load_corpus(
+    spec: str, src_lang: str, tgt_lang: str, sides: tuple[str, ...] = SIDES
+) -> datasets.Dataset:
     """Load a parallel corpus as a Dataset with string columns "src" and "tgt".
 
     Args:
         spec: a path prefix, a .tsv or .jsonl file (.gz allowed), `hf:NAME[:CONFIG][@SPLIT]` or
             `bundled:NAME/SPLIT` (see the module docstring).
         src_lang, tgt_lang: language codes: file suffixes, TSV header fields, JSON keys.
+        sides: the columns wanted; ("src",) reads the sources alone (`tf distill`), so the
+            other side need not exist (no PREFIX.TGT file, no TGT key in a JSON line).
 
     Returns:
-        The pairs in file order, memory-mapped where `datasets` caches them.
+        The pairs in file order (the `sides` asked of each), memory-mapped where `datasets`
+        caches them.
 
     Raises:
         InputError: a missing or unreadable file, invalid UTF-8, misaligned or malformed lines,
@@ -66,19 +76,40 @@ def load_corpus(spec: str, src_lang: str, tgt_lang: str) -> datasets.Dataset:
     """
     if src_lang == tgt_lang:
         raise InputError(f"{spec}: source and target language are both {src_lang!r}")
+    langs = {side: lang for side, lang in zip(SIDES, (src_lang, tgt_lang)) if side in sides}
     if spec.startswith("hf:"):
-        ds = _load_hub(spec, src_lang, tgt_lang)
+        ds = _load_hub(spec, langs)
     elif spec.startswith("bundled:"):
-        ds = _load_parallel(_bundled_prefix(spec, src_lang, tgt_lang), src_lang, tgt_lang)
+        ds = _load_parallel(_bundled_prefix(spec, src_lang, tgt_lang), langs)
     elif spec.endswith((".tsv", ".tsv.gz")):
-        ds = _load_tsv(_existing(Path(spec)), src_lang, tgt_lang)
+        ds = _load_tsv(_existing(Path(spec)), src_lang, tgt_lang).select_columns(list(langs))
     elif spec.endswith((".jsonl", ".jsonl.gz")):
-        ds = _load_jsonl(_existing(Path(spec)), src_lang, tgt_lang)
+        ds = _load_jsonl(_existing(Path(spec)), langs)
     else:
-        ds = _load_parallel(spec, src_lang, tgt_lang)
+        ds = _load_parallel(spec, langs)
     if len(ds) == 0:
         raise InputError(f"{spec}: the corpus has no sentence pairs")
+    if spec.startswith("hf:") or spec.endswith((".jsonl", ".jsonl.gz")):
+        # Text files are refused at a NUL byte as they are read; JSON's "\u0000" is decoded.
+        found = first_row_holding(ds, ["\0"])
+        if found is not None:
+            raise InputError(nul_problem(where_row(spec, src_lang, tgt_lang, found[0])))
     return ds
+
+
+def where_row(spec: str, src_lang: str, tgt_lang: str, row: int) -> str:
+    """Where row `row` (0-based) of `load_corpus(spec, src_lang, tgt_lang)` lies, for an error:
+    "FILE:LINE" in the file's own numbers (a TSV's header line and a JSON Lines file's blank
+    lines, which the reader skips, counted), "PREFIX:LINE" for the line of both PREFIX.SRC and
+    PREFIX.TGT, "hf:NAME row N" for a hub dataset."""
+    if spec.startswith("hf:"):
+        return f"{spec} row {row + 1}"
+    if spec.endswith((".tsv", ".tsv.gz")):
+        first = _load_lines(Path(spec))[0]["text"]  # cached: read in full before
+        return f"{spec}:{row + 1 + _tsv_header(first, src_lang, tgt_lang)[0]}"
+    if spec.endswith((".jsonl", ".jsonl.gz")):
+        return f"{spec}:{_jsonl_line(Path(spec), row)}"
+    return f"{spec}:{row + 1}"
 
 
 # --- local files ---------------------------------------------------------------------------
@@ -100,17 +131,19 @@ def _side_file(prefix: str, lang: str) -> Path:
     raise InputError(f"{plain}: no such file (nor {packed.name})")
 
 
-def _load_parallel(prefix: str, src_lang: str, tgt_lang: str) -> datasets.Dataset:
-    """Two line-aligned files, PREFIX.SRC and PREFIX.TGT, through the "text" builder."""
-    src_path, tgt_path = _side_file(prefix, src_lang), _side_file(prefix, tgt_lang)
-    src, tgt = _load_lines(src_path), _load_lines(tgt_path)
+def _load_parallel(prefix: str, langs: dict[str, str]) -> datasets.Dataset:
+    """Line-aligned files PREFIX.LANG, one a side of `langs` ({"src": SRC, "tgt": TGT}, or one
+    of them), through `_load_lines`."""
+    paths = {side: _side_file(prefix, lang) for side, lang in langs.items()}
+    sides = {side: _load_lines(path).rename_column("text", side) for side, path in paths.items()}
+    if len(sides) == 1:
+        return next(iter(sides.values()))
+    src, tgt = sides["src"], sides["tgt"]
     if len(src) != len(tgt):
         raise InputError(
-            f"{src_path}: has {len(src)} lines but {tgt_path} has {len(tgt)}; "
+            f"{paths['src']}: has {len(src)} lines but {paths['tgt']} has {len(tgt)}; "
             "parallel files must align line by line"
         )
-    src = src.rename_column("text", "src")
-    tgt = tgt.rename_column("text", "tgt")
     return datasets.concatenate_datasets([src, tgt], axis=1)
 
 
@@ -120,14 +153,19 @@ def _load_lines(path: Path) -> datasets.Dataset:
     The lines are split by `data.text.read_line_blocks`, as `tf translate` and `tf eval` split
     them, not by the "text" builder, which also breaks lines at a lone carriage return or a
     Unicode line separator. Decoded a block at a time, they are written as one Arrow file in
-    the `datasets` cache, keyed by the file's path, size and modification time, and memory-
+    the `datasets` cache, keyed by the file's path, size, inode and times, and memory-
     mapped from there: a second read of the same file is free, and no process holds the text.
     """
     stat = path.stat()
     empty = InputError(f"{path}: the file is empty")
     if stat.st_size == 0:
         raise empty
-    key = f"lines-v{_LINES_VERSION}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    # The inode and the change time too: a file rewritten with its size and its modification
+    # time kept (`cp -p`, rsync) is another file all the same.
+    key = (
+        f"lines-v{_LINES_VERSION}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:"
+        f"{stat.st_ino}:{stat.st_ctime_ns}"
+    )
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     arrow = Path(datasets.config.HF_DATASETS_CACHE) / "tf-lines" / f"{digest}.arrow"
     if not arrow.is_file():
@@ -176,9 +214,7 @@ def _load_tsv(path: Path, src_lang: str, tgt_lang: str) -> datasets.Dataset:
     name them in either order.
     """
     lines = _load_lines(path)
-    first = lines[0]["text"].split("\t") if len(lines) else []
-    has_header = sorted(first) == sorted([src_lang, tgt_lang])
-    swap = has_header and first[0] == tgt_lang
+    has_header, swap = _tsv_header(lines[0]["text"], src_lang, tgt_lang)
     pairs = lines.map(
         _split_tsv_lines,
         batched=True,
@@ -188,6 +224,13 @@ def _load_tsv(path: Path, src_lang: str, tgt_lang: str) -> datasets.Dataset:
         desc="Reading TSV",
     )
     return pairs.select(range(1, len(pairs))) if has_header else pairs
+
+
+def _tsv_header(first: str, src_lang: str, tgt_lang: str) -> tuple[bool, bool]:
+    """(whether the first line of a TSV is a header, whether it names the target first)."""
+    fields = first.split("\t")
+    has_header = sorted(fields) == sorted([src_lang, tgt_lang])
+    return has_header, has_header and fields[0] == tgt_lang
 
 
 def _split_tsv_lines(batch: dict, indices: list[int], path: str, swap: bool) -> dict:
@@ -206,32 +249,33 @@ def _split_tsv_lines(batch: dict, indices: list[int], path: str, swap: bool) -> 
     return {"src": src, "tgt": tgt}
 
 
-def _load_jsonl(path: Path, src_lang: str, tgt_lang: str) -> datasets.Dataset:
-    """JSON Lines through the "json" builder (Arrow's fast reader).
+def _load_jsonl(path: Path, langs: dict[str, str]) -> datasets.Dataset:
+    """JSON Lines through the "json" builder (Arrow's fast reader), the languages `langs`
+    ({"src": SRC, "tgt": TGT}, or one of them) read.
 
     When the builder fails, or what it read lacks a language, the file is scanned line by
     line to name the first bad line: the builder's own errors do not.
     """
     _check_text(path)
-    problem = InputError(f"{path}: not a JSON Lines file of {src_lang}-{tgt_lang} pairs")
+    problem = InputError(f"{path}: not a JSON Lines file of {'-'.join(langs.values())} text")
     # The builder logs its parse errors itself; ours below names the line instead.
     json_logger = logging.getLogger("datasets.packaged_modules.json.json")
     level = json_logger.level
     json_logger.setLevel(logging.CRITICAL)
     try:
         ds = datasets.load_dataset("json", data_files=str(path), split="train")
-        return _select_pairs(ds, src_lang, tgt_lang, str(path))
+        return _select_sides(ds, langs, str(path))
     except InputError as err:
         problem = err
     except (datasets.exceptions.DatasetsError, ValueError, pa.ArrowException):
         pass
     finally:
         json_logger.setLevel(level)
-    _find_bad_json_line(path, src_lang, tgt_lang)
+    _find_bad_json_line(path, list(langs.values()))
     raise problem
 
 
-def _find_bad_json_line(path: Path, src_lang: str, tgt_lang: str) -> None:
+def _find_bad_json_line(path: Path, langs: list[str]) -> None:
     """Raise InputError at the first line that is not a pair in the file's format.
 
     The first line fixes the format: translation ({"translation": {..}}) or flat.
@@ -239,6 +283,8 @@ def _find_bad_json_line(path: Path, src_lang: str, tgt_lang: str) -> None:
     nested = None
     with open_bytes(path) as f:
         for number, raw in enumerate(f, start=1):
+            if not raw.strip():  # skipped by the builder, as it is here
+                continue
             where = f"{path}:{number}"
             try:
                 row = json.loads(raw)
@@ -247,16 +293,24 @@ def _find_bad_json_line(path: Path, src_lang: str, tgt_lang: str) -> None:
             if nested is None:
                 nested = isinstance(row, dict) and "translation" in row
             pair = row.get("translation") if nested and isinstance(row, dict) else row
-            for lang in (src_lang, tgt_lang):
+            for lang in langs:
                 if not isinstance(pair, dict) or not isinstance(pair.get(lang), str):
                     form = '{"translation": {...}}' if nested else "{...}"
                     raise InputError(f"{where}: no {lang!r} text in {form}")
 
 
+def _jsonl_line(path: Path, row: int) -> int:
+    """The line of `path` that the JSON builder read as row `row` (0-based): it skips blank
+    lines."""
+    with open_bytes(path) as f:
+        rows = (number for number, raw in enumerate(f, start=1) if raw.strip())
+        return next(itertools.islice(rows, row, None))
+
+
 # --- hub and bundled corpora ----------------------------------------------------------------
 
 
-def _load_hub(spec: str, src_lang: str, tgt_lang: str) -> datasets.Dataset:
+def _load_hub(spec: str, langs: dict[str, str]) -> datasets.Dataset:
     """`hf:NAME[:CONFIG][@SPLIT]` through `datasets.load_dataset` (a hub name or a local path)."""
     name, _, split = spec.removeprefix("hf:").partition("@")
     name, _, config = name.partition(":")
@@ -269,7 +323,7 @@ def _load_hub(spec: str, src_lang: str, tgt_lang: str) -> datasets.Dataset:
         # ValueError an unknown config or split.
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError(f"{spec}: cannot load dataset {name!r}: {reason}") from None
-    return _select_pairs(ds, src_lang, tgt_lang, spec)
+    return _select_sides(ds, langs, spec)
 
 
 def _bundled_prefix(spec: str, src_lang: str, tgt_lang: str) -> str:
@@ -293,17 +347,16 @@ def _bundled_prefix(spec: str, src_lang: str, tgt_lang: str) -> str:
 # --- columns --------------------------------------------------------------------------------
 
 
-def _select_pairs(
-    ds: datasets.Dataset, src_lang: str, tgt_lang: str, name: str
-) -> datasets.Dataset:
-    """Columns "src"/"tgt" from translation rows ({"translation": {SRC: .., TGT: ..}}) or from
-    flat columns named by the languages; InputError if neither holds strings for both."""
+def _select_sides(ds: datasets.Dataset, langs: dict[str, str], name: str) -> datasets.Dataset:
+    """Columns "src"/"tgt" (those of `langs`, {"src": SRC, "tgt": TGT}) from translation rows
+    ({"translation": {SRC: .., TGT: ..}}) or from flat columns named by the languages;
+    InputError if neither holds strings for each."""
     translation = ds.features.get("translation")
     if isinstance(translation, (dict, datasets.Translation)):
         ds = ds.select_columns(["translation"]).flatten()  # columns "translation.SRC", ...
-        columns = [f"translation.{src_lang}", f"translation.{tgt_lang}"]
+        columns = [f"translation.{lang}" for lang in langs.values()]
     else:
-        columns = [src_lang, tgt_lang]
+        columns = list(langs.values())
     for column in columns:
         feature = ds.features.get(column)
         if not (
@@ -317,7 +370,7 @@ def _select_pairs(
         if nulls:
             raise InputError(f"{name}: {nulls} rows have no {column.split('.')[-1]!r} text")
     ds = ds.select_columns(columns)
-    return ds.rename_columns({columns[0]: "src", columns[1]: "tgt"})
+    return ds.rename_columns(dict(zip(columns, langs)))
 
 
 # --- encoding, filtering, loading ids -------------------------------------------------------

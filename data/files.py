@@ -8,7 +8,7 @@ import json
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -53,25 +53,60 @@ def _check_parents(path: Path) -> None:
         raise InputError(f"{path}: cannot be written: {parent} is not writable")
 
 
-def check_output_dir(out: Path, force: bool, flag: str, source: Path | None = None) -> None:
-    """Fail now, before any work, if `out` could not become a new directory that replaces what
-    it holds (with `force`), or if replacing it would delete `source`, the input.
+def check_dir(out: Path, flag: str) -> None:
+    """Fail now, before any work, if files could not be written into `out`: a directory kept
+    with what it holds (a resumed output continues there), or made.
 
     Raises:
-        InputError: `out` is a file, a parent of it is a file, its nearest existing parent is
-            not writable, it is not empty and `force` is off, or it is or holds `source`.
+        InputError: `out` is a file, a parent of it is a file, or it (else its nearest
+            existing parent) is not writable.
     """
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: is a file; {flag} needs a directory")
+    if not out.is_dir():
+        _check_parents(out)
+    elif not os.access(out, os.W_OK | os.X_OK):
+        raise InputError(f"{out}: cannot be written: not writable")
+
+
+def check_output_dir(out: Path, force: bool, flag: str, inputs: Sequence[Path] = ()) -> None:
+    """Fail now, before any work, if `out` could not become a new directory that replaces what
+    it holds (with `force`), or if writing it could change one of `inputs`, what the command
+    reads (a run, its checkpoint, its tokenizer; a model's directory).
+
+    Raises:
+        InputError: `out` is, holds or is inside one of `inputs` (with `force` or without),
+            is a file, a parent of it is a file, its nearest existing parent is not writable,
+            or it is not empty and `force` is off.
+    """
+    check_apart(out, flag, inputs)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: is a file; {flag} needs a directory")
     _check_parents(out)
-    if not out.exists() or not any(out.iterdir()):
-        return
-    if not force:
+    if out.exists() and any(out.iterdir()) and not force:
         raise InputError(f"{out}: exists and is not empty; use --force to replace it")
-    if source is not None and source.resolve().is_relative_to(out.resolve()):
-        raise InputError(
-            f"{out}: holds {source}, which replacing it would delete; give another {flag}"
-        )
+
+
+def check_apart(out: Path, flag: str, inputs: Sequence[Path]) -> None:
+    """`out` neither is nor holds an input (replacing it would delete that input), nor lies
+    inside one (writing it would change what the command reads: `-o RUN/checkpoints --force`
+    would delete the run's checkpoints), symlinks followed.
+
+    Raises:
+        InputError: naming `out` and the input.
+    """
+    where = out.resolve()
+    for source in inputs:
+        if source.resolve().is_relative_to(where):
+            held = "is" if source.resolve() == where else "holds"
+            raise InputError(
+                f"{out}: {held} {source}, which replacing it would delete; give another {flag}"
+            )
+        if where.is_relative_to(source.resolve()):
+            raise InputError(
+                f"{out}: is inside {source}, which this command reads; give another {flag} "
+                "outside it"
+            )
 
 
 @functools.cache

@@ -7,10 +7,17 @@
 
 The ids are those of the vocabulary, not of the SentencePiece models: a piece missing from it
 is `<unk>`. Every source ends in EOS, as Marian's models were trained; targets get EOS (and the
-decoder's start) from the batching, as every `tf` model's. A multilingual model expects a
-target-language token at the start of the source (`>>fra<<`): the vocabulary's `>>...<<`
-entries are the tokenizer's tags, taken from the start of a line as `tf`'s corpus tags are.
-There is no BOS: the decoder starts from `<pad>` (`model.decoder_start: pad`).
+decoder's start) from the batching, as every `tf` model's. Two vocabularies may give `</s>`,
+`<unk>` and `<pad>` different ids (and be of different sizes): each side then reads its own,
+`pad_id`, `eos_id` and `unk_id` being the target's (the decoder's start, its end, what the
+search bans) and `src_pad_id` the source's padding.
+
+A multilingual model expects a target-language token at the start of the source (`>>fra<<`):
+the vocabulary's `>>...<<` entries are the tokenizer's tags, taken from the start of a line as
+`tf`'s corpus tags are. Otherwise text is text: a literal `</s>`, `<unk>` or `<pad>` in a line
+is cut into pieces like any other word, where transformers' MarianTokenizer reads it as its
+special id (a user's "</s>" becomes an end of sentence in mid-source). There is no BOS: the
+decoder starts from `<pad>` (`model.decoder_start: pad`).
 """
 
 from __future__ import annotations
@@ -38,7 +45,9 @@ class MarianTokenizer(Tokenizer):
     """`Tokenizer`'s interface over Marian's files (see the module docstring).
 
     Attributes (besides `Tokenizer`'s): bos_id is None (Marian has no BOS); separate: the
-    target side has a vocabulary of its own (`joint` is then False).
+    target side has a vocabulary of its own (`joint` is then False); pad_id, eos_id, unk_id:
+    the target vocabulary's, src_pad_id, src_eos_id, src_unk_id the source's (the same ids
+    unless two vocabularies give them others).
     """
 
     def __init__(self, directory: Path) -> None:
@@ -61,12 +70,12 @@ class MarianTokenizer(Tokenizer):
         )
         self.joint = not self.separate
         src_ids = _special_ids(self.src_vocab, directory / VOCAB)
-        if self.separate and _special_ids(self.tgt_vocab, directory / TARGET_VOCAB) != src_ids:
-            raise InputError(
-                f"{directory / TARGET_VOCAB}: its </s>, <unk> and <pad> ids differ from "
-                f"{VOCAB}'s; tf needs one id for each"
-            )
-        self.eos_id, self.unk_id, self.pad_id = (src_ids[k] for k in ("eos_id", "unk_id", "pad_id"))
+        tgt_ids = (
+            _special_ids(self.tgt_vocab, directory / TARGET_VOCAB) if self.separate else src_ids
+        )
+        self.eos_id, self.unk_id, self.pad_id = (tgt_ids[k] for k in ("eos_id", "unk_id", "pad_id"))
+        self.src_eos_id, self.src_unk_id = src_ids["eos_id"], src_ids["unk_id"]
+        self._src_pad_id = src_ids["pad_id"]
         self.bos_id = None
         self.src_vocab_size, self.tgt_vocab_size = len(self.src_vocab), len(self.tgt_vocab)
         self._src_pieces = _pieces_by_id(self.src_vocab)
@@ -75,6 +84,10 @@ class MarianTokenizer(Tokenizer):
         # for a shared vocabulary, but reads one at the start of any source).
         self.tags = {p: i for p, i in self.src_vocab.items() if _is_language_token(p)}
 
+    @property
+    def src_pad_id(self) -> int:
+        return self._src_pad_id
+
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         """Source sentences to ids, EOS appended; a leading `>>xx<<` is one token (as
         `MarianTokenizer.remove_language_code` splits it off before SentencePiece)."""
@@ -82,15 +95,15 @@ class MarianTokenizer(Tokenizer):
         pieces = self._src.encode(
             [rest for _, rest in split], out_type=str, num_threads=self.threads
         )
-        unk, vocab = self.unk_id, self.src_vocab
+        unk, vocab = self.src_unk_id, self.src_vocab
         return [
-            [vocab.get(p, unk) for p in code + row] + [self.eos_id]
+            [vocab.get(p, unk) for p in code + row] + [self.src_eos_id]
             for (code, _), row in zip(split, pieces)
         ]
 
     def truncate_src(self, ids: list[int], max_len: int) -> list[int]:
         """Cut to `max_len` with the EOS kept last, as transformers truncates."""
-        return list(ids) if len(ids) <= max_len else [*ids[: max_len - 1], self.eos_id]
+        return list(ids) if len(ids) <= max_len else [*ids[: max_len - 1], self.src_eos_id]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         """Target sentences to ids; no EOS (the batching adds it)."""
@@ -99,14 +112,17 @@ class MarianTokenizer(Tokenizer):
         return [[vocab.get(p, unk) for p in row] for row in pieces]
 
     def decode_src(self, ids: list[list[int]]) -> list[str]:
-        return [self._detokenize(self._src, self._src_pieces, row) for row in ids]
+        special = (self.src_eos_id, self.src_pad_id, self.src_unk_id)
+        return [self._detokenize(self._src, self._src_pieces, special, row) for row in ids]
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         """As `MarianTokenizer.decode(..., skip_special_tokens=True)`: EOS, pad and unk go."""
-        return [self._detokenize(self._tgt, self._tgt_pieces, row) for row in ids]
-
-    def _detokenize(self, model: spm.SentencePieceProcessor, pieces: list[str], ids) -> str:
         special = (self.eos_id, self.pad_id, self.unk_id)
+        return [self._detokenize(self._tgt, self._tgt_pieces, special, row) for row in ids]
+
+    def _detokenize(
+        self, model: spm.SentencePieceProcessor, pieces: list[str], special: tuple, ids
+    ) -> str:
         kept = [pieces[int(i)] for i in ids if int(i) not in special]
         # SentencePiece leaves the word boundaries of pieces it does not know (a vocabulary's
         # other side, the language tokens) as they are: transformers replaces them after.
@@ -120,7 +136,7 @@ class MarianTokenizer(Tokenizer):
         return [self._src_pieces[int(i)] for i in ids]
 
     def tgt_piece_ids(self, pieces: list[str]) -> list[int]:
-        return [self.tgt_vocab.get(p, self.unk_id) for p in pieces]
+        return [self.tgt_vocab.get(p, self.unk_id) for p in pieces]  # the target's <unk>
 
     def tgt_pieces(self, ids: list[int]) -> list[str]:
         return [self._tgt_pieces[int(i)] for i in ids]

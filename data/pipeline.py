@@ -32,7 +32,14 @@ from data.config import (
     corpus_name,
     direction_name,
 )
-from data.corpus import encode_corpus, filter_pairs, load_corpus, token_ids
+from data.corpus import (
+    SIDES,
+    encode_corpus,
+    filter_pairs,
+    load_corpus,
+    token_ids,
+    where_row,
+)
 from data.errors import InputError
 from data.files import write_json
 from data.prepared import Filters, Progress, prepare_corpus, silent
@@ -78,6 +85,10 @@ class TrainingData:
     dev_batches: list[Batch]  # every dev set's pairs, for the loss
     dev_sets: list[DevSet]  # one per direction validated, decoded for BLEU
     report: dict  # RUN/data.json: what each training corpus gave
+    # {"data.train[i] (SPEC)": sha256 of its pairs as batched}: a checkpoint records them, and
+    # a resume that finds another corpus's content under a name refuses (the batches it
+    # continues are positions in these pairs).
+    digests: dict[str, str]
 
 
 def prepare_training_data(
@@ -117,16 +128,22 @@ def load_training_corpora(d: DataConfig, show_bars: bool = False) -> list[datase
         datasets.disable_progress_bars()
 
 
-def load_set(d: DataConfig, s: SetConfig) -> datasets.Dataset:
+OTHER_SIDE = {"src": "tgt", "tgt": "src"}
+
+
+def load_set(d: DataConfig, s: SetConfig, sides: tuple[str, ...] = SIDES) -> datasets.Dataset:
     """The pairs of corpus `s` in its direction: read in its languages, its sides swapped when
-    it says `reverse` (es<->en needs one corpus listed twice)."""
-    ds = load_corpus(s.corpus, *d.languages(s))
+    it says `reverse` (es<->en needs one corpus listed twice); `sides` of the direction alone
+    (("src",): its sources, the other side's file unread)."""
+    if s.reverse:
+        sides = tuple(OTHER_SIDE[side] for side in sides)
+    ds = load_corpus(s.corpus, *d.languages(s), sides)
     return swapped(ds) if s.reverse else ds
 
 
 def swapped(ds: datasets.Dataset) -> datasets.Dataset:
     """The pairs read the other way: each side is the other's."""
-    return ds.rename_columns({"src": "tgt", "tgt": "src"})
+    return ds.rename_columns({c: OTHER_SIDE[c] for c in ds.column_names if c in OTHER_SIDE})
 
 
 def joined(corpora: list[datasets.Dataset]) -> datasets.Dataset:
@@ -182,6 +199,7 @@ def batch_training_data(
         pad_id=tokenizer.pad_id,
         bos_id=tokenizer.decoder_start_id(b.decoder_start),
         eos_id=tokenizer.eos_id,
+        src_pad_id=tokenizer.src_pad_id,
     )
     src = parts[0].src if len(parts) == 1 else RaggedConcat([p.src for p in parts])
     tgt = parts[0].tgt if len(parts) == 1 else RaggedConcat([p.tgt for p in parts])
@@ -195,10 +213,15 @@ def batch_training_data(
         world_size=b.world_size,
         corpora=list(zip(kept, weights)),
         pad_multiple=d.pad_multiple,
+        max_width=b.max_positions,
         **special,
     )
     dev_batches, sets = dev_sets(d, b, tokenizer, devs, special)
-    return TrainingData(tokenizer, train, dev_batches, sets, {"corpora": report})
+    digests = {
+        f"{corpus_name(d, i)} ({spec.corpus})": part.digest
+        for i, (spec, part) in enumerate(zip(d.corpora(), parts))
+    }
+    return TrainingData(tokenizer, train, dev_batches, sets, {"corpora": report}, digests)
 
 
 def check_tags(d: DataConfig, corpora: list[datasets.Dataset]) -> None:
@@ -208,14 +231,16 @@ def check_tags(d: DataConfig, corpora: list[datasets.Dataset]) -> None:
     Raises:
         InputError: naming the tag, the corpus and the line.
     """
-    for tag in d.tags():
-        for spec, ds in zip(d.corpora(), corpora):
-            row = first_row_holding(ds, tag)
-            if row is not None:
-                raise InputError(
-                    f"{spec.corpus}:{row + 1}: holds the text {tag!r}, a tag of data.train; "
-                    "a tag must be a piece no sentence holds: choose another"
-                )
+    tags = d.tags()
+    for spec, ds in zip(d.corpora(), corpora) if tags else ():
+        found = first_row_holding(ds, tags)
+        if found is not None:
+            row, tag = found
+            where = where_row(spec.corpus, *d.languages(spec), row)  # the file's line
+            raise InputError(
+                f"{where}: holds the text {tag!r}, a reserved piece of the run (a tag, a "
+                "target-language token); a tag must be a piece no sentence holds: choose another"
+            )
 
 
 def sampled_weights(pairs: list[int], weights: list[float], temperature: float) -> list[float]:
@@ -251,6 +276,24 @@ def corpus_report(spec, counts: dict, weight: float | None = None) -> dict:
     return report
 
 
+def bleu_shares(
+    directions: list[tuple[str, str]], sizes: list[int], per_direction: int
+) -> list[int]:
+    """How many of its first sentences each dev set gives to BLEU: `per_direction` (0: all)
+    shared evenly between the sets of one direction, what a short set cannot use going to the
+    others (shortest first, a remainder to the earlier of equal ones)."""
+    if not per_direction:
+        return list(sizes)
+    shares = [0] * len(sizes)
+    for way in dict.fromkeys(directions):
+        members = sorted((i for i, w in enumerate(directions) if w == way), key=sizes.__getitem__)
+        left = per_direction
+        for k, i in enumerate(members):
+            shares[i] = min(sizes[i], -(-left // (len(members) - k)))  # an even share, rounded up
+            left -= shares[i]
+    return shares
+
+
 def dev_sets(
     d: DataConfig,
     b: Batching,
@@ -263,21 +306,23 @@ def dev_sets(
     A multilingual run's sources start with their target-language token, as `tf translate --to`
     puts it."""
     limit = b.max_positions
-    tokens = d.lang_tokens()
     fit, sets = [], {}
-    for (direction, dev), spec in zip(devs, d.dev_sets()):
-        if tokens:  # (check_data: every dev set's target language is one of theirs)
-            head = tokens[direction[1]] + " "
-            dev = dev.map(lambda row, head: {"src": head + row["src"]}, fn_kwargs={"head": head})
+    shares = bleu_shares(
+        [way for way, _ in devs], [len(ds) for _, ds in devs], b.eval_bleu_sentences
+    )
+    for (direction, dev), spec, share in zip(devs, d.dev_sets(), shares):
+        head = " ".join(d.source_prefix(spec))  # its target-language token, its tag
+        if head:
+            dev = dev.map(
+                lambda row, head: {"src": f"{head} {row['src']}"}, fn_kwargs={"head": head}
+            )
         encoded = encode_corpus(dev, tokenizer)
         fit.append(filter_pairs(encoded, max_len=limit - 1, name=spec.corpus)[0])
-        n = min(b.eval_bleu_sentences or len(dev), len(dev))
-        first = encoded.select(range(n))["src_ids"]
-        src_ids = [tokenizer.truncate_src(ids, limit) for ids in first]
         name = direction_name(direction)  # two sets of one direction are scored as one
         part = sets.setdefault(name, DevSet(name, [], []))
-        part.src_ids += src_ids
-        part.refs += dev.select(range(n))["tgt"]
+        first = encoded.select(range(share))["src_ids"]
+        part.src_ids += [tokenizer.truncate_src(ids, limit) for ids in first]
+        part.refs += dev.select(range(share))["tgt"]
     dev_fit = joined(fit)
     dev_batches = BatchIterator(
         token_ids(dev_fit, "src_ids"),
@@ -287,6 +332,7 @@ def dev_sets(
         seed=b.seed,  # unused: no shuffling
         shuffle=False,
         pad_multiple=d.pad_multiple,
+        max_width=b.max_positions,
         **special,
     )
     return list(dev_batches), list(sets.values())
@@ -335,29 +381,36 @@ def choose_tokenizer(
     return train_tokenizer_for(d, corpus, directory, seed, progress)
 
 
-def check_before_work(d: DataConfig, decoder_start: str) -> None:
-    """Before any data work: a corpus to train on, and the tokenizer `data.tokenizer` names
-    loads and has the token the decoder starts from (an imported Marian tokenizer has no BOS:
-    `model.decoder_start: pad`).
+def check_before_work(d: DataConfig, decoder_start: str, run_tokenizer: Path | None = None) -> None:
+    """Before any data work: a corpus to train on, and the run's tokenizer loads and has the
+    token the decoder starts from (an imported Marian tokenizer has no BOS: `model.decoder_start:
+    pad`): `run_tokenizer`, a resumed run's own, else the one `data.tokenizer` names.
 
     Raises:
         InputError: naming the tokenizer folder and what it lacks.
     """
     check_trainable(d)
-    if d.tokenizer:
+    if not d.dev_sets():  # (a model alone's config, imported, has none)
+        raise InputError(
+            "data.dev names no dev set: a run validates on one (its loss, BLEU and best.pt)"
+        )
+    if run_tokenizer is not None and Tokenizer.found_in(run_tokenizer):
+        Tokenizer.load(run_tokenizer).decoder_start_id(decoder_start)
+    elif d.tokenizer:
         Tokenizer.load(Path(d.tokenizer)).decoder_start_id(decoder_start)
 
 
 def adopt_tokenizer(source: Path, directory: Path, resume: bool) -> Tokenizer:
-    """`data.tokenizer`: a copy of the tokenizer in `source` becomes the run's own (so the run
-    directory stays self-contained); a resumed run must still have that same tokenizer."""
+    """`data.tokenizer`: a copy of the tokenizer in `source` becomes the run's own, so the run
+    directory is self-contained: a resumed run takes its own copy (the checkpoint's digest
+    checks it), wherever it is resumed from and whatever became of `source` since."""
+    if resume and Tokenizer.found_in(directory):
+        return Tokenizer.load(directory)
     wanted = Tokenizer.load(source)
     if Tokenizer.found_in(directory):
         have = Tokenizer.load(directory)
         if have.digest() == wanted.digest():
             return have
-        if resume:
-            raise InputError(f"{directory}: is not the tokenizer in {source} (data.tokenizer)")
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     for path in wanted.model_paths():

@@ -74,6 +74,7 @@ class Prepared:
     src: RaggedIds  # memory-mapped
     tgt: RaggedIds
     counts: dict  # {"read": n, "removed": {rule: n}, "kept": n}
+    digest: str  # sha256 of the ids kept, both sides: what a resumed run must find again
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,18 @@ def prepare_corpus(
         _write(ds, tokenizer, filters, reference, tag_ids, name, directory, progress)
     counts = json.loads((directory / "counts.json").read_text(encoding="utf-8"))
     dtype = np.dtype(counts["dtype"])
-    return Prepared(_load(directory, "src", dtype), _load(directory, "tgt", dtype), counts)
+    digest = counts.pop("digest", None) or ids_digest(directory)  # (older caches: none kept)
+    return Prepared(_load(directory, "src", dtype), _load(directory, "tgt", dtype), counts, digest)
+
+
+def ids_digest(directory: Path) -> str:
+    """sha256 of the id and offset files of a prepared corpus: the pairs its batches hold."""
+    sha = hashlib.sha256()
+    for name in ("src.ids", "src.offsets", "tgt.ids", "tgt.offsets"):
+        with open(directory / name, "rb") as f:
+            for block in iter(lambda f=f: f.read(1 << 22), b""):
+                sha.update(block)
+    return sha.hexdigest()
 
 
 def _cache_dir(
@@ -153,6 +165,7 @@ def _write(ds, tokenizer, filters, reference, tag_ids, name, directory, progress
         listing = ", ".join(f"{n} {rule}" for rule, n in removed.items())
         hint = "; data.clean: false keeps what the text rules remove" if filters.clean else ""
         raise InputError(f"{name}: no sentence pairs left after filtering ({listing}){hint}")
+    counts["digest"] = ids_digest(partial)
     (partial / "counts.json").write_text(json.dumps(counts), encoding="utf-8")
     try:
         os.replace(partial, directory)

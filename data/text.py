@@ -25,6 +25,22 @@ def _not_utf8(source: str, number: int, raw: bytes, start: int) -> InputError:
     return InputError(f"{source}:{number}: not valid UTF-8 (byte 0x{raw[start]:02x})")
 
 
+def nul_problem(where: str) -> str:
+    """What is wrong with text holding a NUL: valid UTF-8 (byte 0x00, or JSON's "\\u0000"),
+    but no text (a binary file, a broken export); SentencePiece would read it as <unk>, and a
+    model learn from it without a word."""
+    return f"{where}: holds a NUL character (U+0000), which text never holds"
+
+
+def _check_no_nul(raw: bytes, before: int, source: str) -> None:
+    """InputError naming the line (counted from `before`) of the first NUL in `raw`, whole
+    lines; one `bytes.find`, at memory speed."""
+    at = raw.find(b"\0")
+    if at >= 0:
+        number = before + raw.count(b"\n", 0, at) + 1
+        raise InputError(nul_problem(f"{source}:{number}"))
+
+
 def read_lines(stream: Iterable[bytes], source: str) -> Iterator[str]:
     """Decode the lines of a byte stream as UTF-8, without their line ends.
 
@@ -33,7 +49,8 @@ def read_lines(stream: Iterable[bytes], source: str) -> Iterator[str]:
         source: names the input in errors (a path or "<stdin>").
 
     Raises:
-        InputError: `source:LINE: not valid UTF-8 (byte 0x..)`, or an unreadable gzip file.
+        InputError: `source:LINE: not valid UTF-8 (byte 0x..)`, a NUL byte on the line, or
+            an unreadable gzip file.
     """
     try:
         for number, raw in enumerate(stream, start=1):
@@ -43,6 +60,7 @@ def read_lines(stream: Iterable[bytes], source: str) -> Iterator[str]:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
                 raise _not_utf8(source, number, raw, err.start) from None
+            _check_no_nul(raw, number - 1, source)
             yield line.removeprefix(BOM) if number == 1 else line
     except (gzip.BadGzipFile, EOFError, zlib.error) as err:
         raise InputError(f"{source}: not a readable gzip file ({err})") from None
@@ -76,12 +94,15 @@ def read_line_blocks(stream: BinaryIO, source: str, size: int = _BLOCK) -> Itera
 
 
 def _decode(block: bytes, before: int, source: str) -> str:
-    """UTF-8 text of whole lines; the error names the line (counted from `before`)."""
+    """UTF-8 text of whole lines, without a NUL; the error names the line (counted from
+    `before`)."""
     try:
-        return block.decode("utf-8")
+        text = block.decode("utf-8")
     except UnicodeDecodeError as err:
         number = before + block.count(b"\n", 0, err.start) + 1
         raise _not_utf8(source, number, block, err.start) from None
+    _check_no_nul(block, before, source)
+    return text
 
 
 def open_bytes(path: Path) -> BinaryIO:

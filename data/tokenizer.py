@@ -177,6 +177,7 @@ class Tokenizer:
         self.src_vocab_size = self._src.get_piece_size()
         self.tgt_vocab_size = self._tgt.get_piece_size()
         self.tags = _user_defined(self._src)  # {"<bt>": id, ...}: reserved source pieces
+        self._tag_starts = tuple(self.tags)
 
     @staticmethod
     def found_in(directory: str | os.PathLike) -> bool:
@@ -220,11 +221,25 @@ class Tokenizer:
         )
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
-        """Source sentences to piece ids; no BOS/EOS added. A tag (`<bt> text`, `<2en> <bt>
-        text`) is its id alone: SentencePiece puts a lone "▁" piece before each, which the
-        training pairs of a tagged corpus or a multilingual run never have (their tag ids are
-        put before the encoded text), so it goes (an exported tokenizer does the same)."""
-        ids = self._src.encode(list(texts), out_type=int, num_threads=self.threads)
+        """Source sentences to piece ids; no BOS/EOS added. The tags a line starts with
+        (`<bt> text`, `<2en> <bt> text`, a space after each or not) are their ids alone, and
+        the rest is encoded as a sentence of its own: as training puts a tagged corpus's tag
+        ids before its encoded text, so "<2en>Y" is "<2en> Y" (SentencePiece alone would
+        give "<2en>", "Y": the first word without its "▁"). An exported tokenizer does the
+        same."""
+        if not self.tags:
+            return self._encode_untagged(list(texts))
+        split = [split_tags(text, self._tag_starts) for text in texts]
+        heads, rests = zip(*split) if split else ((), ())
+        rows = self._encode_untagged(list(rests))
+        return [
+            [self.tags[t] for t in head] + row if head else row for head, row in zip(heads, rows)
+        ]
+
+    def _encode_untagged(self, texts: list[str]) -> list[list[int]]:
+        """SentencePiece's ids, less the lone "▁" it puts before a tag inside a line (which
+        no training pair holds: a corpus's text holds no tag)."""
+        ids = self._src.encode(texts, out_type=int, num_threads=self.threads)
         space = self._src.piece_to_id(SPACE)
         if not self.tags or space == self.unk_id:
             return ids
@@ -246,6 +261,12 @@ class Tokenizer:
             known = ", ".join(self.tags) or "none"
             raise InputError(f"{self.directory}: no tag {tag!r} in the tokenizer (tags: {known})")
         return self.tags[tag]
+
+    @property
+    def src_pad_id(self) -> int:
+        """The source side's padding id: `pad_id` (an imported Marian model's two
+        vocabularies may give it another, `data.marian.MarianTokenizer`)."""
+        return self.pad_id
 
     def decoder_start_id(self, start: str) -> int:
         """The id the decoder starts from: `model.decoder_start`, "bos" or "pad"."""
@@ -313,6 +334,18 @@ class Tokenizer:
             else f"{self.src_vocab_size}/{self.tgt_vocab_size}"
         )
         return f"Tokenizer({str(self.directory)!r}, {layout}, vocab {sizes})"
+
+
+def split_tags(text: str, tags: tuple[str, ...]) -> tuple[list[str], str]:
+    """The reserved pieces of `tags` that `text` starts with (white space around them or not),
+    in order, and the rest of it (all of it when it starts with none)."""
+    heads: list[str] = []
+    rest = text.lstrip()
+    while tags and rest.startswith(tags):  # (startswith tries a tuple in C)
+        tag = max((t for t in tags if rest.startswith(t)), key=len)
+        heads.append(tag)
+        rest = rest[len(tag) :].lstrip()
+    return heads, rest if heads else text
 
 
 def _decode(model: spm.SentencePieceProcessor, ids: list[list[int]]) -> list[str]:

@@ -38,7 +38,9 @@ import torch
 from torch import Tensor
 
 from model.search import (
+    BeamStop,
     Hypothesis,
+    LengthPenalty,
     ReorderFn,
     State,
     StepFn,
@@ -47,7 +49,8 @@ from model.search import (
     _on_device,
     _sentence_done,
     apply_step_rules,
-    gnmt_length_penalty,
+    as_length_penalty,
+    finished_kept,
 )
 
 Phrase = tuple[int, ...]
@@ -119,12 +122,15 @@ def constrained_beam_search(
     eos_id: int,
     max_lens: Tensor,
     constraints: list[tuple[Phrase, ...]],
-    length_penalty: float,
+    length_penalty: float | LengthPenalty,
     patience: float,
     min_len: int = 0,
     nbest: int = 1,
     no_repeat_ngram_size: int = 0,
     prefix: Tensor | None = None,
+    beam_stop: BeamStop = "bound",
+    score_forced_eos: bool = True,
+    renormalize: bool = False,
 ) -> list[list[Hypothesis]]:
     """Beam search for B sentences at once, each output holding each of its sentence's
     `constraints` (see the module docstring). The other arguments are `beam_search`'s; the
@@ -138,7 +144,9 @@ def constrained_beam_search(
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"need 1 <= nbest <= beam_size, got nbest {nbest}, beam {beam_size}")
     device = max_lens.device
+    lp = as_length_penalty(length_penalty)
     widths = [search_width(beam_size, phrases) for phrases in constraints]
+    kept = [finished_kept(beam_stop, w, nbest) for w in widths]
     rows_each = max(widths)  # rows per live sentence after the first step
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
     n_finished = [0] * batch_size
@@ -154,8 +162,9 @@ def constrained_beam_search(
         log_probs, state = step(tokens, state)  # (N, V)
         sentences = beams.sentence.tolist()
         log_probs = apply_step_rules(
-            log_probs, t, beams, max_lens, eos_id, min_len, shortest, no_repeat_ngram_size, prefix
-        )
+            log_probs, t, beams, max_lens, eos_id, min_len, shortest, no_repeat_ngram_size, prefix,
+            score_forced_eos, renormalize,
+        )  # fmt: skip
         unmet = [not p.done(constraints[b]) for p, b in zip(progress, sentences)]
         no_eos = _on_device([i for i, u in enumerate(unmet) if u], device)
         log_probs[no_eos, eos_id] = float("-inf")  # EOS only once every constraint is met
@@ -167,12 +176,12 @@ def constrained_beam_search(
             width, max_len = widths[b], host_max_lens[b]
             live = _finish_and_select(
                 found, t, b, width, eos_id, constraints[b], max_len, outputs, finished,
-                n_finished, length_penalty, nbest,
+                n_finished, lp, kept[b],
             )  # fmt: skip
             best = live[0].score if live else float("-inf")
-            bound = best / _best_length_penalty(t, max_len, length_penalty)
+            bound = best / _best_length_penalty(t, max_len, lp, beam_stop)
             done = not live or _sentence_done(
-                finished[b], n_finished[b], enough[b], bound, t, max_len, nbest
+                finished[b], n_finished[b], enough[b], bound, t, max_len, kept[b]
             )
             if not done:
                 dead = _Candidate(float("-inf"), live[0].row, eos_id, live[0].progress)
@@ -188,7 +197,7 @@ def constrained_beam_search(
         progress = [c.progress for c in chosen]
         outputs = [outputs[c.row] + [c.token] for c in chosen]
         k = rows_each
-    return finished
+    return [hyps[:nbest] for hyps in finished]
 
 
 def _candidates(
@@ -230,11 +239,12 @@ def _candidates(
 
 
 def _finish_and_select(
-    found, t, b, beam_size, eos_id, phrases, max_len, outputs, finished, n_finished, alpha, nbest
+    found, t, b, beam_size, eos_id, phrases, max_len, outputs, finished, n_finished, lp, kept
 ) -> list[_Candidate]:
-    """Finish the sentence's EOS candidates that rank among its best `beam_size`, drop the
-    candidates that can no longer fit their unmet constraints, and fill the beam from the
-    banks in turn (most constraint tokens met first); the chosen, best score first."""
+    """Finish the sentence's EOS candidates that rank among its best `beam_size` (its `kept`
+    best kept), drop the candidates that can no longer fit their unmet constraints, and fill
+    the beam from the banks in turn (most constraint tokens met first); the chosen, best score
+    first."""
     found.sort(key=lambda c: c.score, reverse=True)
     total = sum(len(p) for p in phrases)
     banks: dict[int, list[_Candidate]] = {}
@@ -242,10 +252,10 @@ def _finish_and_select(
         if c.token == eos_id:
             if rank < beam_size:
                 out = outputs[c.row]
-                score = c.score / gnmt_length_penalty(len(out) + 1, alpha)  # |Y| counts EOS
+                score = c.score / lp(len(out) + 1)  # |Y| counts EOS
                 finished[b].append(Hypothesis(out, score, c.score))
                 finished[b].sort(key=lambda h: h.score, reverse=True)
-                del finished[b][nbest:]
+                del finished[b][kept:]
                 n_finished[b] += 1
             continue
         met = c.progress.met_tokens(phrases)

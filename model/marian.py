@@ -95,6 +95,27 @@ def tf_weights(marian: dict[str, torch.Tensor], c: ModelConfig) -> dict[str, tor
     return ours
 
 
+# Marian's tensors with a row (a column for the bias) per vocabulary id.
+VOCABULARY_ROWS = (
+    "model.shared.weight",
+    "model.encoder.embed_tokens.weight",
+    "model.decoder.embed_tokens.weight",
+    "lm_head.weight",
+)
+
+
+def reorder_vocabulary(marian: dict[str, torch.Tensor], order: torch.Tensor) -> dict:
+    """`marian` with its vocabulary reordered: id i of the result is id order[i] of `marian`
+    (an export puts `<pad>` last, as OPUS-MT does; an import of it takes the inverse)."""
+    out = dict(marian)
+    for name in VOCABULARY_ROWS:
+        if name in out:
+            out[name] = out[name][order]
+    if "final_logits_bias" in out:
+        out["final_logits_bias"] = out["final_logits_bias"][:, order]  # (1, V)
+    return out
+
+
 def _permutation(c: ModelConfig) -> torch.Tensor:
     """Marian's dimension i is ours perm[i] (see `half_split_permutation`)."""
     if c.positions == "interleaved":

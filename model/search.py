@@ -19,8 +19,15 @@ Lengths: a hypothesis holds at most max_lens[b] tokens; at that length EOS is th
 returned without BOS and EOS; the length |Y| in the length penalty counts EOS.
 
 Scores: beam search ranks finished hypotheses by GNMT's length-normalised score
-log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016, eq. 14). Greedy search has
+log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016, eq. 14), or by
+log P(Y) / |Y| ** alpha, transformers' and CTranslate2's (`LengthPenalty`). Greedy search has
 no length penalty: its score is the log-probability.
+
+Two step rules make a search transformers' `generate` (an imported model's settings): the EOS
+forced at the length limit counted as certain (`score_forced_eos` false, transformers'
+`forced_eos_token_id`), and the log-probabilities normalised again after the rules forbid
+tokens (`renormalize`, its `renormalize_logits`); and one stopping rule, `beam_stop`
+"current_length" (its `early_stopping: false`, `_best_length_penalty`).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 import torch
@@ -71,6 +78,36 @@ def gnmt_length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5 + length) / 6) ** alpha
 
 
+@dataclass(frozen=True)
+class LengthPenalty:
+    """lp(|Y|), the divisor of a finished hypothesis's log-probability (|Y| counts its EOS):
+    GNMT's ((5 + |Y|) / 6) ** alpha, or with `power` |Y| ** alpha, the length penalty of
+    transformers' and CTranslate2's beam search (fairseq's lenpen): another thing for the same
+    alpha (at alpha 1, |Y| 20: 20 against 4.2). alpha 0 gives 1 either way."""
+
+    alpha: float
+    power: bool = False
+
+    def __call__(self, length: int) -> float:
+        return length**self.alpha if self.power else gnmt_length_penalty(length, self.alpha)
+
+
+def as_length_penalty(length_penalty: float | LengthPenalty) -> LengthPenalty:
+    """A `LengthPenalty`; a plain number is GNMT's alpha."""
+    if isinstance(length_penalty, LengthPenalty):
+        return length_penalty
+    return LengthPenalty(length_penalty)
+
+
+# What ends a sentence's beam search besides its max length and patience (`_sentence_done`):
+# "bound" once no live hypothesis can beat its nbest finished ones, at any length it may reach;
+# "current_length", transformers' default (`early_stopping: false`), once beam_size of its
+# hypotheses have finished and the best live one, scored at its current length, does not beat
+# the worst of them: a heuristic, sooner where the length penalty rewards length, which may
+# miss a longer, better hypothesis.
+BeamStop = Literal["bound", "current_length"]
+
+
 def _initial_beams(batch_size: int, device: torch.device) -> Beams:
     empty = torch.empty(batch_size, 0, dtype=torch.long, device=device)  # (B, 0)
     zeros = torch.zeros(batch_size, device=device)  # (B,)
@@ -78,11 +115,18 @@ def _initial_beams(batch_size: int, device: torch.device) -> Beams:
 
 
 def _restrict_length(
-    log_probs: Tensor, t: int, max_lens: Tensor, eos_id: int, min_len: int, shortest: int
+    log_probs: Tensor,
+    t: int,
+    max_lens: Tensor,
+    eos_id: int,
+    min_len: int,
+    shortest: int,
+    score_forced_eos: bool = True,
 ) -> Tensor:
-    """Forbid EOS before min_len tokens; force it once a row holds max_lens tokens (that wins).
-    `shortest` is the smallest of the batch's max_lens, known on the host: before it no row is
-    at its limit, and the two (N, V) passes that force EOS are skipped.
+    """Forbid EOS before min_len tokens; force it once a row holds max_lens tokens (that wins),
+    its log-probability kept, or 0 (certain) without `score_forced_eos`. `shortest` is the
+    smallest of the batch's max_lens, known on the host: before it no row is at its limit,
+    and the two (N, V) passes that force EOS are skipped.
 
     Shape: log_probs (N, V), max_lens (N,) per row -> (N, V).
     """
@@ -92,8 +136,21 @@ def _restrict_length(
     restricted = log_probs.masked_fill(is_eos, float("-inf")) if t < min_len else log_probs
     if t < shortest:
         return restricted
-    forced = log_probs.masked_fill(~is_eos, float("-inf"))
+    if score_forced_eos:
+        forced = log_probs.masked_fill(~is_eos, float("-inf"))
+    else:
+        forced = torch.zeros_like(log_probs[:1]).masked_fill(~is_eos, float("-inf"))  # (1, V)
     return torch.where((max_lens <= t)[:, None], forced, restricted)
+
+
+def _renormalize(log_probs: Tensor) -> Tensor:
+    """Log-probabilities normalised again over the tokens the rules left (transformers'
+    `renormalize_logits`); a row with none left stays as it is (all -inf).
+
+    Shape: (N, V) -> (N, V).
+    """
+    some_left = log_probs.amax(dim=1, keepdim=True) > float("-inf")  # (N, 1)
+    return torch.where(some_left, torch.log_softmax(log_probs, dim=1), log_probs)
 
 
 def _ban_repeated_ngrams(log_probs: Tensor, tokens: Tensor, n: int) -> Tensor:
@@ -135,20 +192,29 @@ def apply_step_rules(
     shortest: int,
     no_repeat_ngram_size: int,
     prefix: Tensor | None,
+    score_forced_eos: bool = True,
+    renormalize: bool = False,
 ) -> Tensor:
     """What every search forbids at step t: the length rules (`_restrict_length`), repeated
     n-grams, and all but a forced prefix's token. The forced prefix is exempt from the n-gram
     ban, as in CTranslate2: it is the user's text, repeats and all, and banning its own tokens
     would leave a row with no token at all; the tokens the search adds after it are banned
-    from repeating any n-gram of the whole output, the prefix's included.
+    from repeating any n-gram of the whole output, the prefix's included. With `renormalize`
+    the log-probabilities are normalised again after the length and n-gram rules (and any ban
+    of the step's own), before the prefix: its tokens keep the model's log-probabilities.
 
     Shape: log_probs (N, V), max_lens (B,) per sentence -> (N, V).
     """
-    log_probs = _restrict_length(log_probs, t, max_lens[beams.sentence], eos_id, min_len, shortest)
+    row_max_lens = max_lens[beams.sentence]
+    log_probs = _restrict_length(
+        log_probs, t, row_max_lens, eos_id, min_len, shortest, score_forced_eos
+    )
     banned = _ban_repeated_ngrams(log_probs, beams.tokens, no_repeat_ngram_size)
     if prefix is not None and t < prefix.size(1) and banned is not log_probs:
         in_prefix = (prefix[beams.sentence, t] >= 0)[:, None]  # (N, 1) rows forced this step
         banned = torch.where(in_prefix, log_probs, banned)
+    if renormalize:
+        banned = _renormalize(banned)
     return force_prefix(banned, t, prefix, beams.sentence)
 
 
@@ -164,6 +230,8 @@ def greedy_search(
     min_len: int = 0,
     no_repeat_ngram_size: int = 0,
     prefix: Tensor | None = None,
+    score_forced_eos: bool = True,
+    renormalize: bool = False,
 ) -> list[Hypothesis]:
     """The most probable next token at every step, for B sentences at once.
 
@@ -178,6 +246,8 @@ def greedy_search(
             forced prefix is exempt: `apply_step_rules`).
         prefix: (B, L) long or None: each output starts with its row's tokens (padded with -1;
             `force_prefix`). max_lens must leave room for them.
+        score_forced_eos: the EOS forced at max_lens counts its log-probability; else 0.
+        renormalize: log-probabilities normalised again after the rules (`apply_step_rules`).
 
     Returns:
         B hypotheses in input order, score = log_prob.
@@ -190,6 +260,7 @@ def greedy_search(
         step, state, reorder, most_probable, batch_size=batch_size, per_sentence=1,
         bos_id=bos_id, eos_id=eos_id, max_lens=max_lens, min_len=min_len,
         no_repeat_ngram_size=no_repeat_ngram_size, prefix=prefix,
+        score_forced_eos=score_forced_eos, renormalize=renormalize,
     )  # fmt: skip
     return [Hypothesis(tokens, log_prob, log_prob) for tokens, log_prob in rows]
 
@@ -215,11 +286,13 @@ def sample_search(
     bos_id: int,
     eos_id: int,
     max_lens: Tensor,
-    length_penalty: float,
+    length_penalty: float | LengthPenalty,
     min_len: int = 0,
     nbest: int = 1,
     no_repeat_ngram_size: int = 0,
     prefix: Tensor | None = None,
+    score_forced_eos: bool = True,
+    renormalize: bool = False,
 ) -> list[list[Hypothesis]]:
     """Random samples, token by token, `samples` per sentence for B sentences at once: the
     next token is drawn from the model's distribution cut to `sampling`'s top-k and top-p,
@@ -237,8 +310,10 @@ def sample_search(
         sampling: the distribution drawn from.
         noise: (B, samples, T) uniform in [0, 1), T > max(max_lens): the draw of step t of a
             sample is noise[b, s, t].
-        bos_id, eos_id, max_lens, min_len, no_repeat_ngram_size, prefix: as in `greedy_search`.
-        length_penalty: GNMT's alpha, to rank a sentence's samples (log P / lp(|Y|)).
+        bos_id, eos_id, max_lens, min_len, no_repeat_ngram_size, prefix, score_forced_eos,
+            renormalize: as in `greedy_search`.
+        length_penalty: lp, to rank a sentence's samples (log P / lp(|Y|)): a `LengthPenalty`,
+            or GNMT's alpha.
         nbest: samples returned per sentence, the best first, at most `samples`.
 
     Returns:
@@ -247,6 +322,7 @@ def sample_search(
     if not 1 <= nbest <= samples:
         raise ValueError(f"need 1 <= nbest <= samples, got nbest {nbest}, samples {samples}")
     flat_noise = noise.reshape(batch_size * samples, -1)  # (B samples, T)
+    lp = as_length_penalty(length_penalty)
 
     def draw(log_probs: Tensor, t: int, rows: Tensor) -> Tensor:
         return sample_tokens(log_probs, flat_noise[rows, t], sampling)
@@ -255,13 +331,13 @@ def sample_search(
         step, state, reorder, draw, batch_size=batch_size, per_sentence=samples,
         bos_id=bos_id, eos_id=eos_id, max_lens=max_lens, min_len=min_len,
         no_repeat_ngram_size=no_repeat_ngram_size, prefix=prefix,
+        score_forced_eos=score_forced_eos, renormalize=renormalize,
     )  # fmt: skip
     results = []
     for b in range(batch_size):
         hyps = []
         for tokens, log_prob in rows[b * samples : (b + 1) * samples]:
-            lp = gnmt_length_penalty(len(tokens) + 1, length_penalty)  # |Y| counts EOS
-            hyps.append(Hypothesis(tokens, log_prob / lp, log_prob))
+            hyps.append(Hypothesis(tokens, log_prob / lp(len(tokens) + 1), log_prob))  # |Y|: EOS
         hyps.sort(key=lambda h: h.score, reverse=True)  # stable: earlier samples win ties
         results.append(hyps[:nbest])
     return results
@@ -304,6 +380,8 @@ def _row_search(
     min_len: int,
     no_repeat_ngram_size: int,
     prefix: Tensor | None,
+    score_forced_eos: bool,
+    renormalize: bool,
 ) -> list[tuple[list[int], float]]:
     """Greedy search's loop, one token per row each step: `per_sentence` rows for each of B
     sentences (the state's B rows are expanded after the first step), the token of each row
@@ -324,8 +402,9 @@ def _row_search(
             row_ids = torch.arange(batch_size * per_sentence, device=device)
         row_max_lens = max_lens[beams.sentence]  # (N,)
         log_probs = apply_step_rules(
-            log_probs, t, beams, max_lens, eos_id, min_len, shortest, no_repeat_ngram_size, prefix
-        )
+            log_probs, t, beams, max_lens, eos_id, min_len, shortest, no_repeat_ngram_size, prefix,
+            score_forced_eos, renormalize,
+        )  # fmt: skip
         tokens = choose(log_probs, t, row_ids)  # (N,)
         sum_log_probs = beams.log_probs + log_probs.gather(1, tokens[:, None]).squeeze(1)
         ended = (tokens == eos_id) | (row_max_lens <= t)  # (N,) the latter even if EOS is -inf
@@ -361,23 +440,28 @@ def beam_search(
     bos_id: int,
     eos_id: int,
     max_lens: Tensor,
-    length_penalty: float,  # no default here: `decode.length_penalty` is the one default
+    length_penalty: float | LengthPenalty,  # no default here: `decode.length_penalty` is the one
     patience: float,  # nor here: `decode.patience`
     min_len: int = 0,
     nbest: int = 1,
     no_repeat_ngram_size: int = 0,
     prefix: Tensor | None = None,
     half_logits: bool = False,
+    beam_stop: BeamStop = "bound",
+    score_forced_eos: bool = True,
+    renormalize: bool = False,
 ) -> list[list[Hypothesis]]:
     """Beam search for B sentences at once.
 
     Each step, every live sentence ranks the 2 * beam_size best extensions of its beams by
     log-probability. Those ending in EOS among the first beam_size are finished (as fairseq: an
     EOS ranked lower would not have made the beam); the best beam_size not ending in EOS stay
-    live. A sentence keeps its nbest best finished hypotheses by GNMT score and stops at its max
-    length, as soon as no live hypothesis can beat the worst of them (`_sentence_done`), or
-    once beam_size x patience of its hypotheses have finished (fairseq's rule at patience 1).
-    With length_penalty 0, beam_size 1 is greedy search exactly.
+    live. A sentence keeps its nbest best finished hypotheses by length-penalised score and
+    stops at its max length, as soon as no live hypothesis can beat the worst of them
+    (`_sentence_done`; with `beam_stop` "current_length", transformers' rule: its beam_size
+    best, and the live one scored at its current length), or once beam_size x patience of its
+    hypotheses have finished (fairseq's rule at patience 1). With length_penalty 0, beam_size 1
+    is greedy search exactly.
 
     Args:
         step, state, reorder: as in the module docstring; state holds B rows (one per sentence).
@@ -386,7 +470,8 @@ def beam_search(
         bos_id, eos_id: the first token fed; the token that ends a hypothesis.
         max_lens: (B,) long, the most tokens of each sentence's output (EOS not counted), on
             the device of the step's tensors.
-        length_penalty: GNMT's alpha; 0 ranks by log-probability.
+        length_penalty: lp (`LengthPenalty`), or GNMT's alpha; alpha 0 ranks by
+            log-probability.
         patience: stop a sentence once round(beam_size x patience) (at least nbest) of its
             hypotheses have finished, kept or not (CTranslate2's `patience`, Kasai et al., 2022);
             0: only at its max length or when no live hypothesis can still win (exhaustive up
@@ -399,6 +484,8 @@ def beam_search(
             values are common (45% of the rows' 11 best held a tie at beam 5 in bf16, 2 rows
             in 178,000 in float32, `small` on the test set): `row_topk` would take most rows
             twice, so each row is read whole by top-k.
+        beam_stop: "bound" or "current_length" (`BeamStop`).
+        score_forced_eos, renormalize: as in `greedy_search`.
 
     Returns:
         For each sentence in input order, up to nbest hypotheses, best score first (fewer only
@@ -406,6 +493,8 @@ def beam_search(
     """
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"need 1 <= nbest <= beam_size, got nbest {nbest}, beam {beam_size}")
+    lp = as_length_penalty(length_penalty)
+    kept = finished_kept(beam_stop, beam_size, nbest)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
     n_finished = [0] * batch_size  # hypotheses each sentence finished, kept in its n-best or not
     enough = max(nbest, round(beam_size * patience)) if patience > 0 else 0  # 0: no such stop
@@ -420,8 +509,9 @@ def beam_search(
     for t in itertools.count():
         log_probs, state = step(tokens, state)  # (N, V)
         log_probs = apply_step_rules(
-            log_probs, t, beams, max_lens, eos_id, min_len, shortest, no_repeat_ngram_size, prefix
-        )
+            log_probs, t, beams, max_lens, eos_id, min_len, shortest, no_repeat_ngram_size, prefix,
+            score_forced_eos, renormalize,
+        )  # fmt: skip
         top, rows, words = _best_extensions(
             log_probs, beams.log_probs, k, 2 * beam_size, ranked, blocks=not half_logits
         )
@@ -433,12 +523,12 @@ def beam_search(
         found = read_candidates(host, eos_id, beam_size, k_next)
         if found.ended:
             ended = [(groups[i], row, log_prob) for i, row, log_prob in found.ended]
-            _add_finished(finished, n_finished, beams, ended, length_penalty, nbest)
+            _add_finished(finished, n_finished, beams, ended, lp, kept)
         keep = []  # the live sentences' positions that go on
         for i, (b, best) in enumerate(zip(groups, found.best_live, strict=True)):
             max_len = host_max_lens[b]
-            bound = best / _best_length_penalty(t, max_len, length_penalty)
-            if not _sentence_done(finished[b], n_finished[b], enough, bound, t, max_len, nbest):
+            bound = best / _best_length_penalty(t, max_len, lp, beam_stop)
+            if not _sentence_done(finished[b], n_finished[b], enough, bound, t, max_len, kept):
                 keep.append(i)
         if not keep:
             break
@@ -454,7 +544,13 @@ def beam_search(
         beams = Beams(extended, _on_device(scores, device, top.dtype), sentence)
         state = reorder(state, index, k_next)
         k = k_next
-    return finished
+    return [hyps[:nbest] for hyps in finished]
+
+
+def finished_kept(beam_stop: BeamStop, beam_size: int, nbest: int) -> int:
+    """The finished hypotheses a sentence keeps, best first, for its stopping rule: its nbest,
+    or beam_size of them with "current_length" (transformers compares with its beam_size-th)."""
+    return max(nbest, beam_size) if beam_stop == "current_length" else nbest
 
 
 def _in_place_order(kept: list[int]) -> list[int]:
@@ -585,29 +681,36 @@ def _add_finished(
     n_finished: list[int],
     beams: Beams,
     ends: list[tuple[int, int, float]],
-    alpha: float,
-    nbest: int,
+    lp: LengthPenalty,
+    kept: int,
 ) -> None:
     """Put the candidates that end in EOS, (sentence, row extended, log-probability) in rank
-    order, into their sentence's n-best list (earlier ones win ties), and count them."""
+    order, into their sentence's list of its `kept` best (earlier ones win ties), and count
+    them."""
     rows = _on_device([row for _, row, _ in ends], beams.tokens.device)
     prefixes = beams.tokens.index_select(0, rows).tolist()
     for (b, _, log_prob), prefix in zip(ends, prefixes, strict=True):
-        score = log_prob / gnmt_length_penalty(len(prefix) + 1, alpha)  # |Y| counts EOS
+        score = log_prob / lp(len(prefix) + 1)  # |Y| counts EOS
         hyps = finished[b]
         hyps.append(Hypothesis(prefix, score, log_prob))
         hyps.sort(key=lambda h: h.score, reverse=True)  # stable: earlier ones win ties
-        del hyps[nbest:]
+        del hyps[kept:]
         n_finished[b] += 1
 
 
-def _best_length_penalty(t: int, max_len: int, alpha: float) -> float:
-    """The largest lp(|Y|) a live hypothesis after step t can still reach, its bound's divisor:
-    it has t + 1 tokens, so finished its |Y| lies between t + 2 and max_len + 1, and lp is
-    largest at max_len + 1 for alpha >= 0 (lp grows with length), at t + 2 for alpha < 0. Its
-    log-probability can only fall (every step adds a log-probability <= 0), so its score is at
-    most its log-probability now over this (with alpha = 0, the log-probability itself)."""
-    return gnmt_length_penalty(max_len + 1 if alpha >= 0 else t + 2, alpha)
+def _best_length_penalty(
+    t: int, max_len: int, lp: LengthPenalty, beam_stop: BeamStop = "bound"
+) -> float:
+    """The divisor of a live hypothesis's bound after step t. "bound": the largest lp(|Y|) it
+    can still reach: it has t + 1 tokens, so finished its |Y| lies between t + 2 and
+    max_len + 1, and lp is largest at max_len + 1 for alpha >= 0 (either form grows with
+    length), at t + 2 for alpha < 0. Its log-probability can only fall (every step adds a
+    log-probability <= 0), so its score is at most its log-probability now over this (with
+    alpha = 0, the log-probability itself). "current_length": lp at its t + 1 tokens, no
+    bound but transformers' estimate (its `early_stopping: false`)."""
+    if beam_stop == "current_length":
+        return lp(t + 1)
+    return lp(max_len + 1 if lp.alpha >= 0 else t + 2)
 
 
 def _sentence_done(
@@ -620,8 +723,9 @@ def _sentence_done(
     nbest: int,
 ) -> bool:
     """A sentence stops after step t at its max length, once `enough` (> 0) of its hypotheses
-    have finished (`n_finished`, its n-best `hyps` and those that fell out of it), or once it
-    holds nbest finished hypotheses and no live one can still score better than the worst."""
+    have finished (`n_finished`, its kept `hyps` and those that fell out of them), or once it
+    holds `nbest` (the number it keeps) finished hypotheses and its best live one's
+    `best_possible` score is no better than the worst."""
     return (
         t >= max_len
         or 0 < enough <= n_finished

@@ -374,10 +374,18 @@ class Transformer(nn.Module):
     Args:
         config: the architecture.
         src_vocab_size, tgt_vocab_size: vocabulary sizes (equal when tie_embeddings is "all").
-        pad_id: the padding id of both vocabularies.
+        pad_id: the padding id of the target vocabulary, and of the source's unless
+            `src_pad_id` gives it (a Marian model's two vocabularies may differ).
     """
 
-    def __init__(self, config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int):
+    def __init__(
+        self,
+        config: ModelConfig,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        pad_id: int,
+        src_pad_id: int | None = None,
+    ):
         super().__init__()
         tie = config.tie_embeddings
         if tie not in TIE_EMBEDDINGS:
@@ -389,15 +397,16 @@ class Transformer(nn.Module):
             )
         self.config = config
         self.pad_id = pad_id
+        self.src_pad_id = pad_id if src_pad_id is None else src_pad_id
         D = config.d_model
 
-        def embedding(vocab_size: int) -> Embedding:
+        def embedding(vocab_size: int, pad: int) -> Embedding:
             return Embedding(
-                vocab_size, D, pad_id, config.max_positions, config.dropout, config.positions
+                vocab_size, D, pad, config.max_positions, config.dropout, config.positions
             )
 
-        self.src_embed = embedding(src_vocab_size)
-        self.tgt_embed = self.src_embed if tie == "all" else embedding(tgt_vocab_size)
+        self.src_embed = embedding(src_vocab_size, self.src_pad_id)
+        self.tgt_embed = self.src_embed if tie == "all" else embedding(tgt_vocab_size, pad_id)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.generator = nn.Linear(D, tgt_vocab_size, bias=config.output_bias)
@@ -417,7 +426,7 @@ class Transformer(nn.Module):
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 with torch.no_grad():
-                    module.weight[self.pad_id].zero_()
+                    module.weight[module.padding_idx].zero_()
         nn.init.normal_(self.generator.weight, mean=0.0, std=std)
 
     def num_parameters(self) -> int:

@@ -3,6 +3,8 @@ and nothing already written is lost."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import stat
 import subprocess
@@ -252,3 +254,138 @@ def test_eval_of_empty_files_is_one_line(trained, tmp_path):
     empty.write_text("")
     assert_user_error(tf("eval", "--hyp", empty, "--ref", empty), f"{empty}: no lines")
     assert_user_error(tf("eval", trained, "--src", empty, "--ref", empty), f"{empty}: no lines")
+
+
+# Item 22: a NUL byte is no text (SentencePiece made it <unk>, and the run trained on), refused
+# as invalid UTF-8 is, naming FILE:LINE, by every reader. JSON's "\u0000" escape decodes to one.
+NUL_CORPORA = {
+    "plain": ({"c.es": b"uno\ndos\ntr\x00es\n", "c.en": b"one\ntwo\nthree\n"}, "c", "c.es:3"),
+    "gz": (
+        {"c.es.gz": gzip.compress(b"uno\ndos\ntr\x00es\n"), "c.en": b"one\ntwo\nthree\n"},
+        "c",
+        "c.es.gz:3",
+    ),
+    "tsv": ({"p.tsv": b"es\ten\nuno\tone\ndos\ttw\x00o\n"}, "p.tsv", "p.tsv:3"),
+    "jsonl": (
+        {"p.jsonl": b'{"es": "uno", "en": "one"}\n{"es": "d\x00os", "en": "two"}\n'},
+        "p.jsonl",
+        "p.jsonl:2",
+    ),
+    "jsonl escaped": (
+        {"p.jsonl": b'{"es": "uno", "en": "one"}\n\n{"es": "dos", "en": "t\\u0000wo"}\n'},
+        "p.jsonl",
+        "p.jsonl:3",  # the file's line: the blank one, which the reader skips, counted
+    ),
+}
+
+
+@pytest.mark.parametrize("form", NUL_CORPORA)
+def test_a_nul_byte_in_a_corpus_is_refused_naming_its_line(tmp_path, form):
+    files, spec, where = NUL_CORPORA[form]
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    run = tmp_path / "run"
+    result = tf("train", "tiny", "--out", run, "--set", f"data.train={tmp_path / spec}")
+    assert_user_error(result, f"{tmp_path / where}: ", "NUL")
+    assert not (run / "tokenizer").exists()
+
+
+@pytest.mark.parametrize(
+    "text, flags, where",
+    [
+        ("hola\nad\x00ios\n", [], "<stdin>:2"),
+        ('{"text": "hola"}\n{"text": "ad\x00ios"}\n', ["--input-format", "jsonl"], "<stdin>:2"),
+        ('{"text": "ad\\u0000ios"}\n', ["--input-format", "jsonl"], "<stdin>:1"),
+        ('{"text": "hola", "prefix": "a\\u0000"}\n', ["--input-format", "jsonl"], "<stdin>:1"),
+    ],
+)
+def test_a_nul_byte_in_translate_input_is_refused_naming_its_line(trained, text, flags, where):
+    assert_user_error(tf("translate", trained, *flags, input=text), f"{where}", "NUL")
+
+
+@pytest.mark.parametrize("option", ["--hyp", "--ref", "--src"])
+def test_a_nul_byte_in_an_eval_file_is_refused_naming_its_line(trained, tmp_path, option):
+    files = {name: tmp_path / name for name in ("--hyp", "--ref", "--src")}
+    for flag, path in files.items():
+        path.write_bytes(b"a line\nx\x00y\n" if flag == option else b"a line\nanother\n")
+    if option == "--src":
+        args = [trained, "--src", files["--src"], "--ref", files["--ref"]]
+    else:
+        args = ["--hyp", files["--hyp"], "--ref", files["--ref"]]
+    assert_user_error(tf("eval", *args), f"{files[option]}:2: ", "NUL")
+
+
+@pytest.mark.parametrize("form", ["tsv", "tsv.gz", "jsonl", "jsonl.gz"])
+def test_a_tag_in_a_corpus_is_named_by_the_files_own_line(tmp_path, tiny_prefix, form):
+    """Item 23: a TSV's header line, and the blank lines the JSON reader skips, are lines of
+    the file: the tag on line 6 is named as line 6 (it said 5)."""
+    pairs = [("uno", "one"), ("dos", "two"), ("tres", "three"), ("cuatro", "four")]
+    pairs.append(("Y dijo <bt> Dios", "And God said"))
+    if form.startswith("tsv"):
+        text = "es\ten\n" + "".join(f"{s}\t{t}\n" for s, t in pairs)
+    else:
+        lines = [json.dumps({"es": s, "en": t}) for s, t in pairs]
+        text = "\n".join(lines[:2] + [""] + lines[2:]) + "\n"
+    path = tmp_path / f"mixed.{form}"
+    path.write_bytes(gzip.compress(text.encode()) if form.endswith(".gz") else text.encode())
+    mix = f'[{{corpus: "{path}"}}, {{corpus: "{tiny_prefix}", tag: "<bt>"}}]'
+    result = tf("train", "tiny", "--out", tmp_path / "run", "--set", f"data.train={mix}")
+    assert_user_error(result, f"{path}:6: holds the text '<bt>'")
+
+
+def test_a_nul_in_a_served_request_is_refused():
+    """`tf serve` reads its requests' text through the same check as `tf translate`'s JSONL."""
+    from cli.inference.requests import request_of
+
+    with pytest.raises(ValueError, match=r"text\[1\]: holds a NUL"):
+        request_of("ad\0ios", "text[1]")
+    with pytest.raises(ValueError, match=r"text\[0\]\.constraints: holds a NUL"):
+        request_of({"text": "hola", "constraints": ["a\0"]}, "text[0]")
+
+
+# Item 26: options that were ignored or blamed on another.
+def test_nbest_above_the_runs_beam_names_nbest_and_beam(trained):
+    """The tiny run decodes at beam 2: `--nbest 3` alone asks more hypotheses than it keeps
+    (the error said "--set: decode.nbest 3 ...", an option never given)."""
+    result = tf("translate", trained, "--nbest", "3", input="hola\n")
+    assert_user_error(result, "--nbest 3 needs --beam 3 or more")
+    assert "--set" not in result.stderr
+    assert_user_error(tf("translate", trained, "--beam", "1", "--nbest", "2", input="hola\n"))
+    # A beam narrower than the run's own nbest, through either spelling.
+    result = tf("translate", trained, "--set", "decode.nbest=3", input="hola\n")
+    assert_user_error(result, "--nbest 3 needs --beam 3 or more", "decode.nbest 3")
+    assert tf("translate", trained, "--nbest", "2", input="hola\n").exit_code == 0
+
+
+def test_a_lenpen_that_is_no_number_names_lenpen(trained):
+    result = tf("translate", trained, "--lenpen", "nan", input="hola\n")
+    assert_user_error(result, "--lenpen must be a finite number, got nan")
+
+
+@pytest.mark.parametrize("flags", [["--attention-head", "1"], ["--attention-layer", "0"]])
+def test_attention_options_without_attention_are_refused(trained, flags):
+    """`--attention-head` / `--attention-layer` choose what `--attention DIR` draws: alone
+    they were ignored without a word."""
+    result = tf("translate", trained, *flags, input="hola\n")
+    assert_user_error(result, f"{flags[0]} needs --attention DIR")
+
+
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        (["RUN"], "RUN"),
+        (["--src", "SRC"], "--src"),
+        (["--beam", "3"], "--beam"),
+        (["--greedy"], "--greedy"),
+        (["--set", "decode.beam_size=3"], "--set"),
+        (["--to", "en"], "--to"),
+        (["--int8"], "--int8"),
+    ],
+)
+def test_eval_of_a_hypothesis_file_refuses_what_only_a_model_uses(trained, tmp_path, extra, named):
+    """`tf eval --hyp` scores a file: no model translates, so RUN (and --src, the decoding
+    options) were ignored without a word; now refused, in one line, before any reading."""
+    ref = tmp_path / "ref.en"
+    ref.write_text("the light\n")
+    extra = [{"RUN": trained, "SRC": ref}.get(a, a) for a in extra]
+    assert_user_error(tf("eval", "--hyp", ref, "--ref", ref, *extra), "--hyp", named)

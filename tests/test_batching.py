@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -338,3 +339,36 @@ def lengths_only(lengths: list[int]) -> RaggedIds:
     """Rows of the given lengths (all zeros): enough to plan batches."""
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     return RaggedIds(np.zeros(offsets[-1], dtype=np.int64), offsets)
+
+
+@pytest.mark.parametrize("max_positions, multiple", [(63, 2), (100, 8)])
+def test_pad_multiple_never_pads_past_max_positions(
+    tmp_path, tiny_tokenizer, max_positions, multiple
+):
+    """Item 20: a pair of `data.max_len` = max_positions - 1 pieces is max_positions wide with
+    BOS/EOS; `data.pad_multiple` rounded that past what the model takes, and the run died at
+    its first such batch ("position 63 is beyond max_positions 63") with a traceback."""
+    from test_cli import tf
+
+    length = max_positions - 1
+    src, tgt = " ".join(["y"] * length), " ".join(["a"] * length)
+    assert [len(ids) for ids in tiny_tokenizer.encode_tgt([src, tgt])] == [length, length]
+    prefix = tmp_path / "long"
+    for lang, line in (("es", src), ("en", tgt)):
+        Path(f"{prefix}.{lang}").write_text(f"{line}\n" * 16)
+    settings_ = [
+        f"data.train={prefix}",
+        f"data.dev={prefix}",
+        f"data.tokenizer={tiny_tokenizer.model_paths()[0].parent}",
+        "data.clean=false",  # the same pair 16 times
+        f"data.max_len={length}",
+        f"data.pad_multiple={multiple}",
+        f"model.max_positions={max_positions}",
+        "train.max_steps=2",
+        "train.eval_every=2",
+        "train.eval_bleu_sentences=1",
+    ]
+    run = tmp_path / "run"
+    result = tf("train", "tiny", "--out", run, *[a for s in settings_ for a in ("--set", s)])
+    assert result.exit_code == 0, result.output
+    assert (run / "checkpoints" / "last.pt").is_file()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import shutil
@@ -163,3 +164,45 @@ def test_make_distill_trains_the_students_own_tokenizer_when_asked():
     assert own.returncode == default.returncode == 0
     assert "data.tokenizer" not in own.stdout
     assert "--set data.tokenizer=runs/teacher/tokenizer" in default.stdout
+
+
+@pytest.mark.parametrize("form", ["plain", "gz", "jsonl"])
+def test_distill_corpus_needs_its_sources_alone(trained, tiny_prefix, tmp_path, form):
+    """Item 16: `--corpus` names what the teacher translates; its target side is never read,
+    so a corpus of sources alone (no PREFIX.en, no "en" key) is enough."""
+    lines = Path(f"{tiny_prefix}-dev.es").read_text().splitlines()[:12]
+    if form == "jsonl":
+        spec = tmp_path / "only.jsonl"
+        spec.write_text("".join(json.dumps({"es": line}) + "\n" for line in lines))
+    else:
+        spec = tmp_path / "only"
+        text = "".join(line + "\n" for line in lines).encode()
+        path = tmp_path / ("only.es.gz" if form == "gz" else "only.es")
+        path.write_bytes(gzip.compress(text) if form == "gz" else text)
+    out = tmp_path / "d"
+    translated = distilled(trained, out, "--corpus", spec, "--beam", "1")
+    assert (out / "train.es").read_text().splitlines() == lines and len(translated) == 12
+
+
+@pytest.mark.parametrize("command", ["distill", "backtranslate"])
+def test_an_out_that_is_a_file_or_under_one_is_one_line(trained, tiny_prefix, tmp_path, command):
+    """Item 21: `--out afile` and `--out afile/sub` were a FileExistsError and a
+    NotADirectoryError traceback; every other command's check says so in one line, before the
+    model loads, and the file is left as it was."""
+    afile = tmp_path / "afile"
+    afile.write_text("kept\n")
+    inputs = [Path(f"{tiny_prefix}.es")] if command == "backtranslate" else []
+    for out, said in ((afile, f"{afile}: is a file"), (afile / "sub", f"{afile} is a file")):
+        assert_user_error(tf(command, trained, *inputs, "--out", out, *FP32), said)
+    assert afile.read_text() == "kept\n"
+
+
+def test_a_reversed_corpus_gives_its_target_file_as_sources(tmp_path):
+    """Item 16, read the other way: an es->en file pair listed with `reverse` trains en->es,
+    so its sources are PREFIX.en, and PREFIX.es need not exist."""
+    from cli.commands.distill import training_sources
+    from data.config import CorpusConfig, DataConfig
+
+    (tmp_path / "c.en").write_text("one\ntwo\n")
+    d = DataConfig(train=[CorpusConfig(str(tmp_path / "c"), reverse=True)])
+    assert training_sources(d, d.corpora()) == ["one", "two"]

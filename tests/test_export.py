@@ -189,15 +189,24 @@ def test_marian_logits_equal_tf_on_a_padded_batch(sharp, hf_dir):
     src = encode_sources(tok, SENTENCES, 256, "test", 1)
     tgt = encode_sources(tok, ["God said.", "In the beginning", "light", "hi"], 256, "test", 1)
     batch = collate(src, tgt, tok.pad_id, tok.bos_id, tok.eos_id, list(range(len(src))))
+    moved = torch.tensor(exported_ids(hf_dir, tok))  # (V,) tf's id -> the export's
     with torch.no_grad():
         expected = model(batch.src, batch.tgt_in, batch.src_pad_mask, batch.tgt_pad_mask)
         got = marian(
-            input_ids=batch.src,
+            input_ids=moved[batch.src],
             attention_mask=(~batch.src_pad_mask).long(),
-            decoder_input_ids=batch.tgt_in,
+            decoder_input_ids=moved[batch.tgt_in],
         ).logits
     real = ~batch.tgt_pad_mask
-    torch.testing.assert_close(got[real], expected[real], atol=1e-4, rtol=1e-4)
+    order = torch.argsort(moved)  # the export's id -> tf's
+    torch.testing.assert_close(got[real], expected[real][:, order], atol=1e-4, rtol=1e-4)
+
+
+def exported_ids(hf: Path, tok) -> list[int]:
+    """tf's id i is id `exported_ids[i]` of the export (OPUS-MT's layout: `<pad>` last)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(hf).convert_tokens_to_ids(tok.src_vocabulary())
 
 
 def test_exporting_leaves_the_model_unchanged(sharp, tmp_path):
@@ -220,6 +229,44 @@ def test_export_never_replaces_the_run_it_exports(trained, tmp_path):
             refused = tf("export", run, "--to", to, "-o", out, "--force")
             assert_user_error(refused, "which replacing it would delete")
     assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+
+
+def test_export_never_writes_inside_the_run_or_its_inputs(trained, tmp_path):
+    """Item 9: `-o RUN/checkpoints --force` had deleted every checkpoint, `-o RUN/tokenizer
+    --force` replaced the tokenizer: an output inside the run (or inside any input, the
+    checkpoint given, the tokenizer) is refused, with --force or without, whatever exists."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    given = [run, run / "checkpoints" / "last.pt"]  # a run, or one of its checkpoints
+    outputs = [run / "checkpoints", run / "tokenizer", run / "export", run / "checkpoints" / "x"]
+    for source in given:
+        for out in outputs:
+            for to in ("ctranslate2", "huggingface"):
+                refused = tf("export", source, "--to", to, "-o", out, "--force")
+                assert_user_error(refused, f"{out}: ", "give another -o")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    # A checkpoint kept beside a tokenizer/ folder: its folder is no run, only its files are.
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    shutil.copyfile(run / "checkpoints" / "best.pt", loose / "model.pt")
+    shutil.copytree(run / "tokenizer", loose / "tokenizer")
+    for out in (loose / "tokenizer", loose / "tokenizer" / "hf", loose / "model.pt"):
+        refused = tf("export", loose / "model.pt", "--to", "huggingface", "-o", out, "--force")
+        assert_user_error(refused, f"{out}: ", "give another -o")
+    beside = tf("export", loose / "model.pt", "--to", "huggingface", "-o", loose / "hf")
+    assert beside.exit_code == 0, beside.output
+
+
+def test_import_never_writes_inside_its_source(hf_dir, tmp_path):
+    """Item 9, `tf import`: a run written inside the directory it reads is refused."""
+    source = tmp_path / "hf"
+    shutil.copytree(hf_dir, source)
+    before = {p: p.read_bytes() for p in source.rglob("*") if p.is_file()}
+    for force in ([], ["--force"]):
+        refused = tf("import", source, "-o", source / "run", *force)
+        assert_user_error(refused, f"{source / 'run'}: is inside {source}")
+    assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before
 
 
 def test_export_refuses_clearly(trained, tmp_path, monkeypatch):

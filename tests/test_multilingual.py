@@ -18,7 +18,7 @@ from test_cli import assert_user_error, tf
 
 from cli.config import ConfigError, load_config
 from cli.inference.engines import load_engine
-from cli.inference.languages import target_languages, with_language
+from cli.inference.languages import with_language, with_languages
 from cli.training.checkpoint import load_for_inference
 from data.config import CorpusConfig, DataConfig, SetConfig
 from data.errors import InputError
@@ -105,7 +105,7 @@ def test_directions_tokens_and_reverse_in_the_data_section():
         ("data.train=[{corpus: x, src_lang: en}]", "source and target language are both 'en'"),
         ("data.train=[{corpus: x, tgt_lang: 'e n'}]", "language 'e n' must be a code"),
         ("data.dev=[]", "data.dev is an empty list"),
-        ("data.dev=[{corpus: x, reverse: true}]", "into 'es', which no training corpus does"),
+        ("data.dev=[{corpus: x, reverse: true}]", "into 'es', which the model does not"),
         ("data.test=[{corpus: x, tgt_lang: fr}]", "data.test[0] translates into 'fr'"),
     ],
 )
@@ -190,7 +190,8 @@ def test_every_source_starts_with_its_target_languages_token(tiny_prefix, tmp_pa
 
 
 def test_dev_sets_of_one_direction_are_scored_as_one(tiny_prefix, tmp_path):
-    """A one-way run with two dev sets: one direction, its BLEU over both sets' sentences."""
+    """A one-way run with two dev sets: one direction, its BLEU over both sets' sentences, its
+    `eval_bleu_sentences` (5) shared between them (3 + 2)."""
     from data.pipeline import Batching, prepare_training_data
 
     sets = [
@@ -207,7 +208,7 @@ def test_dev_sets_of_one_direction_are_scored_as_one(tiny_prefix, tmp_path):
     heads = [
         Path(f"{p}.en").read_text().splitlines()[:5] for p in (f"{tiny_prefix}-dev", tiny_prefix)
     ]
-    assert dev.name == "es-en" and dev.refs == heads[0] + heads[1] and len(dev.src_ids) == 10
+    assert dev.name == "es-en" and dev.refs == heads[0][:3] + heads[1][:2] and len(dev.src_ids) == 5
     assert data.tokenizer.tags == {}  # one target language: no token, no reserved piece
 
 
@@ -377,7 +378,7 @@ def test_an_ensemble_takes_to_and_its_members_share_their_languages(bidirectiona
     ckpt["config"]["data"]["train"] = ckpt["config"]["data"]["train"][:1]
     save_atomic(ckpt, path)
     mixed = tf("translate", bidirectional, one_way, "--to", "es", input=text)
-    assert_user_error(mixed, "target languages")
+    assert_user_error(mixed, "translate the same directions")
 
 
 @pytest.mark.parametrize("engine", ["ctranslate2", "huggingface"])
@@ -398,8 +399,10 @@ def test_exports_translate_with_the_token_in_the_source(bidirectional, tmp_path,
     tokened = [f"<2es> {line}" for line in LINES]
     from transformers import AutoTokenizer
 
-    ids = AutoTokenizer.from_pretrained(out)(tokened)["input_ids"]
-    assert ids == Tokenizer.load(bidirectional / "tokenizer").encode_src(tokened)
+    fast, tok = AutoTokenizer.from_pretrained(out), Tokenizer.load(bidirectional / "tokenizer")
+    moved = fast.convert_tokens_to_ids(tok.src_vocabulary())  # tf's ids -> the export's
+    expected = [[moved[i] for i in row] for row in tok.encode_src(tokened)]
+    assert fast(tokened)["input_ids"] == expected
     assert drop_in(out, tokened) == into_es
     card = (out / "README.md").read_text()
     assert "multilingual" in card and "`<2es>` (es)" in card
@@ -453,9 +456,13 @@ def test_only_a_model_without_corpora_reads_its_languages_off_marian_tokens():
     corpora says its own, and its `>>bt<<`-style tags are no languages."""
     tokenizer = SimpleNamespace(tags={">>fr<<": 5, ">>es<<": 6})
     imported = load_config("tiny", ["data.train=[]"])
-    assert target_languages(imported, tokenizer) == {"fr": ">>fr<<", "es": ">>es<<"}
+    assert with_languages(imported, tokenizer).data.lang_tokens() == {
+        "fr": ">>fr<<",
+        "es": ">>es<<",
+    }
     tagged = load_config("tiny", ["data.train=[{corpus: a, tag: '>>bt<<'}, {corpus: b}]"])
-    assert target_languages(tagged, SimpleNamespace(tags={">>bt<<": 5, ">>ft<<": 6})) == {}
+    other_tags = SimpleNamespace(tags={">>bt<<": 5, ">>ft<<": 6})
+    assert with_languages(tagged, other_tags).data.lang_tokens() == {}
 
 
 def test_a_lines_own_to_must_agree_with_the_token_it_starts_with():
@@ -484,3 +491,19 @@ def test_make_translate_and_eval_pass_to_for_a_multilingual_run():
         assert chosen.returncode == plain.returncode == 0, chosen.stderr
         assert "tf translate runs/bi" in chosen.stdout or "tf eval runs/bi" in chosen.stdout
         assert " --to es" in chosen.stdout and "--to" not in plain.stdout
+
+
+def test_eval_records_the_direction_it_scored(bidirectional, trained, tiny_prefix, tmp_path):
+    """Item 26: `tf eval --to` scored one direction of a multilingual run and recorded none
+    (--json, and so `make eval`'s eval.json): two directions' scores read alike."""
+    src, ref = tmp_path / "src", tmp_path / "ref"
+    src.write_text("\n".join(LINES) + "\n")
+    ref.write_text("\n".join(ENGLISH) + "\n")
+    args = ["eval", bidirectional, "--src", src, "--ref", ref, "--greedy", "--json"]
+    for to, direction in (("en", "es-en"), ("es", "en-es")):
+        result = tf(*args, "--to", to)
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["direction"] == direction
+    one_way = ["eval", trained, "--src", f"{tiny_prefix}.es", "--ref", f"{tiny_prefix}.en"]
+    result = tf(*one_way, "--limit", "4", "--greedy", "--json")
+    assert json.loads(result.stdout)["direction"] == "es-en"  # a one-way run's own

@@ -26,6 +26,7 @@ from cli.device import pick_device
 from cli.inference.bulk import translate_corpus
 from cli.inference.engines import load_engine
 from data.errors import InputError
+from data.files import check_dir
 from data.text import read_file_lines
 
 
@@ -34,6 +35,7 @@ def run_backtranslate(
 ) -> str:
     """Translate MONO with the reverse model RUN (a multilingual one's into `to`) into OUT (see
     the module docstring)."""
+    check_dir(out, "--out")
     lines = [" ".join(line.split()) for line in read_file_lines(mono)]
     if not any(lines):  # else "0 pairs" now, and a corpus that training refuses later
         raise InputError(f"{mono}: no text to back-translate (empty, or blank lines only)")

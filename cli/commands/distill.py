@@ -21,6 +21,7 @@ from cli.inference.bulk import translate_corpus
 from cli.inference.engines import load_engine
 from data.config import CorpusConfig, DataConfig, direction_name
 from data.errors import InputError
+from data.files import check_dir
 from data.pipeline import load_set
 
 
@@ -35,6 +36,7 @@ def run_distill(
     """Translate the teacher's training sources, or those of `corpora`, into OUT (see the
     module docstring); a multilingual teacher's into the language `to`, from the sources of
     its corpora into that language."""
+    check_dir(out, "--out")
     device = pick_device(device_name)
     engine = load_engine(teacher, device, overrides, to=to)
     # A multilingual teacher needs --to (refused here, before any reading); named corpora are
@@ -72,6 +74,6 @@ def training_sources(d: DataConfig, chosen: list[CorpusConfig]) -> list[str]:
     sources = []
     for c in chosen:
         head = f"{c.tag} " if c.tag else ""
-        for text in load_set(d, c)["src"]:
+        for text in load_set(d, c, ("src",))["src"]:  # a target side need not exist
             sources.append(head + " ".join(text.splitlines()))
     return sources

@@ -8,10 +8,26 @@ from pathlib import Path
 from typing import Any
 
 from cli.device import pick_device
-from cli.inference.engines import load_engine
+from cli.inference.engines import Engine, load_engine
 from cli.inference.scoring import check_parallel, score
+from data.config import direction_name
 from data.errors import InputError
 from data.text import check_readable, read_file_lines
+
+
+def check_hyp_alone(given: dict[str, bool]) -> None:
+    """`--hyp` scores a file: no model translates, so an option that chooses the model or how
+    it translates (`given`: option -> whether it was given) would be ignored without a word.
+
+    Raises:
+        InputError: naming the options given.
+    """
+    named = [option for option, present in given.items() if present]
+    if named:
+        raise InputError(
+            f"--hyp scores a file without a model: {', '.join(named)} only apply to "
+            "translating (tf eval RUN --src SRC); give --hyp and --ref alone"
+        )
 
 
 def run_eval(
@@ -32,7 +48,7 @@ def run_eval(
         if path is not None:
             check_readable(path)  # all of them, before a pipe is consumed
     refs = read_file_lines(ref)
-    settings: dict[str, Any] = {}
+    made: dict[str, Any] = {}  # what made the translations scored, when tf made them
     if hyp is not None:
         hyps = read_file_lines(hyp)
         check_parallel(hyp, hyps, ref, refs)
@@ -48,11 +64,8 @@ def run_eval(
             srcs, refs = srcs[:limit], refs[:limit]
         out = engine.stream(srcs, str(src))
         hyps = engine.tokenizer.decode_tgt([h[0].tokens for _, h in out])
-        settings = asdict(engine.config.decode)
-        settings.pop("nbest")
-    result = score(hyps, refs)
-    if settings:
-        result["decoding"] = settings
+        made = made_by(engine)
+    result = score(hyps, refs) | made
     if as_json:
         return json.dumps(result, ensure_ascii=False)
     return (
@@ -60,3 +73,14 @@ def run_eval(
         f"chrF = {result['chrf']:.2f}  {result['chrf_signature']}\n"
         f"{result['bleu_detail']}"
     )
+
+
+def made_by(engine: Engine) -> dict[str, Any]:
+    """What the scores record of the translations: the decode settings and the direction (a
+    multilingual run's --to; none where each line names its own language)."""
+    decoding = asdict(engine.config.decode)
+    decoding.pop("nbest")
+    made: dict[str, Any] = {"decoding": decoding}
+    if engine.to or not engine.languages:
+        made["direction"] = direction_name(engine.direction("tf eval"))
+    return made

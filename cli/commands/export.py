@@ -11,7 +11,7 @@ import torch
 
 from cli.exporters.ctranslate2 import export_ctranslate2
 from cli.exporters.marian import export_marian
-from cli.exporters.model_card import model_card, run_scores
+from cli.exporters.model_card import ctranslate2_problem, model_card, run_scores
 from cli.training.checkpoint import load_checkpoint, load_for_inference, resolve_checkpoint
 from data.errors import InputError
 from data.files import check_output_dir
@@ -19,6 +19,15 @@ from data.files import check_output_dir
 ENGINES = {"ctranslate2": "ctranslate2", "huggingface": "transformers"}
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16")
 QUANTIZATIONS += ("bfloat16", "float32")
+
+
+def export_inputs(run: str) -> list[Path]:
+    """What exporting RUN reads, which its output must neither replace nor lie inside: the
+    checkpoint and its tokenizer, and the whole run when it is one (RUN, RUN/checkpoints/X.pt;
+    a checkpoint kept beside a tokenizer/ folder leaves the folder holding them free)."""
+    checkpoint, run_dir = resolve_checkpoint(run)
+    inputs = [checkpoint, run_dir.tokenizer]
+    return inputs + [run_dir.path] if checkpoint.parent == run_dir.checkpoints else inputs
 
 
 def run_export(run: str, to: str, out: Path, quantization: str | None, force: bool = False) -> str:
@@ -33,14 +42,15 @@ def run_export(run: str, to: str, out: Path, quantization: str | None, force: bo
         raise InputError(
             f"--quantization {quantization}: CTranslate2 takes {', '.join(QUANTIZATIONS)}"
         )
-    check_output_dir(out, force, "-o", Path(run))
+    check_output_dir(out, force, "-o", export_inputs(run))
     model, tokenizer, config = load_for_inference(run, torch.device("cpu"))
     # Written beside `out` and renamed at the end: an error leaves no half-exported directory.
     staging = out.with_name(f".{out.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
+    changed = []
     try:
         if to == "ctranslate2":
-            export_ctranslate2(model, tokenizer, config, staging, quantization)
+            changed = export_ctranslate2(model, tokenizer, config, staging, quantization)
         else:
             staging.mkdir(parents=True)
             export_marian(model, tokenizer, config, staging)
@@ -53,4 +63,11 @@ def run_export(run: str, to: str, out: Path, quantization: str | None, force: bo
         staging.rename(out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return f"{out}: {to} model ({model.num_parameters() / 1e6:.2f}M parameters)"
+    done = f"{out}: {to} model ({model.num_parameters() / 1e6:.2f}M parameters)"
+    if changed:  # an imported model's transformers rules, which CTranslate2 has not
+        done += f"\nnote: decoding as CTranslate2 searches: {'; '.join(changed)}"
+    problem = ctranslate2_problem(model, tokenizer) if to == "huggingface" else None
+    if problem:  # said where a user converting it looks first, and in the model card
+        done += f"\nnote: ct2-transformers-converter would not convert it exactly: {problem}; "
+        done += "tf export --to ctranslate2 does"
+    return done

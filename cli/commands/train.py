@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -25,7 +27,7 @@ def run_train(config: Config, out: Path, resume: bool, force: bool = False) -> s
     dd, device = distributed.init(config.train.device, config.train.dist_timeout)
     try:
         check_settings(config, device)  # before the run directory, the tokenizer, the data
-        check_before_work(config.data, config.model.decoder_start)
+        check_before_work(config.data, config.model.decoder_start, resume_tokenizer(out, resume))
         reason = _train(config, out, resume, force, dd, device)
         # The trainer (its DDP reducer, its memory-mapped Arrow tables) is gone by now, and no
         # rank leaves while another still writes its last checkpoint: a rank tearing its
@@ -36,6 +38,11 @@ def run_train(config: Config, out: Path, resume: bool, force: bool = False) -> s
         return reason
     finally:
         distributed.shutdown(dd)
+
+
+def resume_tokenizer(out: Path, resume: bool) -> Path | None:
+    """A resumed run's own tokenizer (what `data.tokenizer` named was copied into it)."""
+    return RunDir(out).tokenizer if resume else None
 
 
 def _train(
@@ -49,13 +56,18 @@ def _train(
         resume = False
         if dd.main:
             run.metrics.unlink(missing_ok=True)  # records of the killed session's updates
-    if dd.main:
-        if resume:
-            save_config(config, run.config)
-        else:
-            start_run(config, out, force)
+    before = set(os.listdir(out)) if out.is_dir() else None  # what a failed start keeps
+    if dd.main and not resume:
+        start_run(config, out, force)
     distributed.barrier(dd)
-    trainer = Trainer(config, run, dd, device, resume=resume)
+    try:
+        trainer = Trainer(config, run, dd, device, resume=resume)
+    except BaseException:
+        if dd.main and not resume:  # a start that failed (a corpus, the tokenizer, the data)
+            undo_start(out, before)
+        raise
+    if dd.main and resume:  # the config it resumes with, once the checkpoint took it
+        save_config(config, run.config)
     try:
         if dd.main:
             report_data(trainer.data.report, run)
@@ -73,6 +85,17 @@ def _train(
         "stopped (%s) at step %d; checkpoints in %s", reason, trainer.progress.step, run.checkpoints
     )
     return reason
+
+
+def undo_start(out: Path, before: set[str] | None) -> None:
+    """Remove what a failed start wrote into `out`: the directory if it made it, else the
+    entries it added (its config, a tokenizer half trained): nothing is left behind."""
+    if before is None:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for name in set(os.listdir(out)) - before if out.is_dir() else ():
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 def report_data(report: dict, run: RunDir) -> None:

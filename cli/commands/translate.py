@@ -62,7 +62,7 @@ def run_translate(
         prepare_attention(attention, config.model)
     source = str(input_path) if input_path else "<stdin>"
     raw = open(input_path, "rb") if input_path else sys.stdin.buffer  # noqa: SIM115
-    prompt = start_prompt(raw, config.data.src_lang)
+    prompt = start_prompt(raw, "/".join(engine.source_langs()))
     group = chunks if is_regular_file(raw) else as_they_arrive
     items = read_lines(raw, source)
     if input_format == "jsonl":  # {"text": ..., "prefix": ..., "constraints": [...]} a line
@@ -103,11 +103,11 @@ def check_arguments(input_path: Path | None, output_path: Path | None, input_for
         check_output(output_path)
 
 
-def start_prompt(raw, src_lang: str) -> str:
+def start_prompt(raw, src_langs: str) -> str:
     """On a terminal: say how to use it and show the prompt, which is returned; else ""."""
     if not (raw.isatty() and sys.stderr.isatty()):
         return ""
-    prompt = f"{src_lang}> "
+    prompt = f"{src_langs}> "  # what to type: the language(s) the model reads
     sys.stderr.write(f"Type a sentence and press Enter (Ctrl-D to end).\n{prompt}")
     sys.stderr.flush()
     return prompt

@@ -17,11 +17,12 @@ so that `tf translate DIR` runs it with the same tokenizer and decode settings.
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from cli.config import TF_CONFIG, Config, save_config
+from cli.config import TF_CONFIG, Config, DecodeConfig, save_config
 from data.errors import InputError
 from data.tokenizer import Tokenizer
 from model.transformer import Transformer
@@ -41,8 +42,9 @@ def is_ctranslate2_dir(path: str | Path) -> bool:
 
 def export_ctranslate2(
     model: Transformer, tokenizer: Tokenizer, config: Config, out: Path, quantization: str | None
-) -> None:
-    """Write `model` as a CTranslate2 directory `out` (which must not exist yet)."""
+) -> list[str]:
+    """Write `model` as a CTranslate2 directory `out` (which must not exist yet); returns the
+    decode settings changed for CTranslate2 (`ct2_decode`), as "key: old -> new"."""
     import ctranslate2
 
     class TfConverter(ctranslate2.converters.Converter):
@@ -52,7 +54,22 @@ def export_ctranslate2(
     TfConverter().convert(str(out), quantization=quantization)
     for path in tokenizer.model_paths():
         shutil.copyfile(path, out / path.name)
-    save_config(config, out / TF_CONFIG)
+    decode, changed = ct2_decode(config.decode)
+    save_config(replace(config, decode=decode), out / TF_CONFIG)
+    return changed
+
+
+def ct2_decode(decode: DecodeConfig) -> tuple[DecodeConfig, list[str]]:
+    """The run's decode settings as CTranslate2 runs them: its beam search stops by patience
+    alone (an imported model's transformers rule, `beam_stop: current_length`, and patience 0
+    are tf's own), so the directory gets CTranslate2's default of patience 1 there."""
+    changes = {}
+    if decode.beam_stop != "bound":
+        changes["beam_stop"] = "bound"
+    if decode.patience <= 0:
+        changes["patience"] = 1.0
+    listed = [f"decode.{k}: {getattr(decode, k)!r} -> {v!r}" for k, v in changes.items()]
+    return replace(decode, **changes), listed
 
 
 def transformer_spec(model: Transformer, tokenizer: Tokenizer):

@@ -6,16 +6,20 @@ take sources without one: a model given the extra token translates differently (
 130 updates: 35 of the first 100 test lines as `tf translate --greedy`; with this tokenizer, all
 100 when the length limit is one number, and every line tf ends before its limit otherwise).
 One case is tf's own: a reserved tag ("<bt> text", a multilingual model's "<2en> text") is the
-tag's id without the "▁" SentencePiece puts before it. A fast tokenizer built from the same
-SentencePiece model, with no post-processor, gives the model exactly what `tf` gives it, so
-`AutoTokenizer` and `generate` need no extra lines. Built with `tokenizers` itself, following
-the model's own settings, as SentencePiece encodes:
+tag's id without the "▁" SentencePiece puts before it, and the tags a line starts with are
+followed by the rest encoded as a sentence of its own ("<2en>Y" is "<2en> Y", as training puts
+tag ids before the encoded text). A fast tokenizer built from the same SentencePiece model,
+with no post-processor, gives the model exactly what `tf` gives it, so `AutoTokenizer` and
+`generate` need no extra lines; its ids are the export's (`<pad>` last, OPUS-MT's layout:
+`cli.exporters.marian.vocabulary_order`). Built with `tokenizers` itself, following the
+model's own settings, as SentencePiece encodes:
 
 - normalizer: the model's precompiled character map (nmt_nfkc), then its whitespace rules:
   leading, trailing and repeated spaces removed, spaces escaped as "▁", the "▁" dummy prefix;
-- pre-tokenizer: the dummy prefix, the "▁" before each user-defined piece (a corpus's tag
-  "<bt>", a target-language token "<2en>") removed, as `Tokenizer.encode_src` does, and those
-  pieces isolated, which SentencePiece always emits whole;
+- pre-tokenizer: the user-defined pieces (a corpus's tag "<bt>", a target-language token
+  "<2en>") a line starts with cut off, the dummy prefix (before the rest too), the "▁" before
+  each user-defined piece removed, as `Tokenizer.encode_src` does, and those pieces isolated,
+  which SentencePiece always emits whole;
 - model: BPE with every split of each piece ranked by that piece's score (SentencePiece merges
   the adjacent pair whose union scores best), or Unigram with the pieces' scores, where the
   special, unknown and byte pieces are never chosen while characters can spell the text
@@ -23,8 +27,9 @@ the model's own settings, as SentencePiece encodes:
   ones; only there, with unigram models, does this tokenizer differ);
 - decoder: the unknown piece as SentencePiece writes it (" ⁇ "), byte pieces back to bytes,
   every "▁" before the first character dropped (the dummy prefix, and any whitespace pieces a
-  model put first), the others back to spaces. The unknown piece is therefore not a special
-  token here: `skip_special_tokens` would drop what tf writes.
+  model put first), the others back to spaces. The unknown piece is a named special token
+  (CTranslate2's converter reads it from the tokenizer), so `skip_special_tokens` drops it,
+  as it does with OPUS-MT's MarianTokenizer, where tf writes " ⁇ ".
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from data.tokenizer import Tokenizer
 NORMAL, USER_DEFINED = 1, 4  # SentencePiece piece types (the others: unknown, control, byte...)
 UNIGRAM, BPE = 1, 2  # SentencePiece model types
 NEVER = -1e9  # a Unigram score no segmentation takes while characters can spell the text
+TOKENIZER_JSON = "tokenizer.json"
 
 
 def read_model_proto(path: Path):
@@ -51,8 +57,9 @@ def read_model_proto(path: Path):
     return proto
 
 
-def fast_tokenizer(path: Path):
-    """A `tokenizers.Tokenizer` that encodes and decodes as the SentencePiece model `path`."""
+def fast_tokenizer(path: Path, order: list[int] | None = None):
+    """A `tokenizers.Tokenizer` that encodes and decodes as the SentencePiece model `path`;
+    its id i is the model's id order[i] (the model's own ids without `order`)."""
     from tokenizers import Tokenizer as Fast
     from tokenizers import decoders
     from tokenizers.models import BPE as BPEModel
@@ -60,10 +67,11 @@ def fast_tokenizer(path: Path):
 
     proto = read_model_proto(path)
     trainer, pieces = proto.trainer_spec, list(proto.pieces)
+    order = list(range(len(pieces))) if order is None else order
     user_defined = [p.piece for p in pieces if p.type == USER_DEFINED]
     byte_fallback = trainer.byte_fallback
     if trainer.model_type == BPE:
-        vocab = {p.piece: i for i, p in enumerate(pieces)}
+        vocab = {pieces[old].piece: new for new, old in enumerate(order)}
         model = BPEModel(
             vocab=vocab,
             merges=bpe_merges(pieces),
@@ -74,8 +82,9 @@ def fast_tokenizer(path: Path):
         )
     elif trainer.model_type == UNIGRAM:
         matched = (NORMAL, USER_DEFINED)
-        vocab = [(p.piece, p.score if p.type in matched else NEVER) for p in pieces]
-        model = Unigram(vocab, unk_id=trainer.unk_id, byte_fallback=byte_fallback)
+        scored = [(p.piece, p.score if p.type in matched else NEVER) for p in pieces]
+        vocab = [scored[old] for old in order]
+        model = Unigram(vocab, unk_id=order.index(trainer.unk_id), byte_fallback=byte_fallback)
     else:
         raise InputError(f"{path}: only BPE and unigram SentencePiece models can be exported")
     fast = Fast(model)
@@ -106,17 +115,21 @@ def bpe_merges(pieces) -> list[tuple[str, str]]:
 
 
 def pre_tokenizer(spec, user_defined: list[str]):
-    """The dummy prefix, then each user-defined piece cut out whole (longest first), without
-    the "▁" before it."""
+    """The user-defined pieces a line starts with cut off, so that the rest is a sentence of
+    its own; the dummy prefix (on that rest too); then each user-defined piece cut out whole
+    (longest first), without the "▁" before it."""
     from tokenizers import Regex, pre_tokenizers
 
+    pattern = "|".join(re.escape(p) for p in sorted(user_defined, key=len, reverse=True))
     steps = []
+    if user_defined:  # "<2en>Y" is "<2en> Y": the tags, then "Y" as a sentence ("▁Y")
+        leading = Regex(f"\\A(?:{pattern})(?:▁?(?:{pattern}))*")
+        steps.append(pre_tokenizers.Split(leading, behavior="isolated"))
     if spec.add_dummy_prefix:
         steps.append(
             pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=False)
         )
     if user_defined:
-        pattern = "|".join(re.escape(p) for p in sorted(user_defined, key=len, reverse=True))
         steps.append(pre_tokenizers.Split(Regex(f"▁(?={pattern})"), behavior="removed"))
         steps.append(pre_tokenizers.Split(Regex(pattern), behavior="isolated"))
     return pre_tokenizers.Sequence(steps)
@@ -142,8 +155,11 @@ def normalizer(spec):
     return normalizers.Sequence(steps)
 
 
-def write_tokenizer(tokenizer: Tokenizer, out: Path, max_positions: int) -> None:
-    """tokenizer.json and tokenizer_config.json: what `AutoTokenizer.from_pretrained` loads."""
+def write_tokenizer(
+    tokenizer: Tokenizer, out: Path, max_positions: int, order: list[int] | None = None
+) -> None:
+    """tokenizer.json and tokenizer_config.json: what `AutoTokenizer.from_pretrained` loads;
+    its id i is the tokenizer's id order[i] (`cli.exporters.marian.vocabulary_order`)."""
     from transformers import PreTrainedTokenizerFast
 
     if not tokenizer.joint:
@@ -151,8 +167,9 @@ def write_tokenizer(tokenizer: Tokenizer, out: Path, max_positions: int) -> None
     (path,) = tokenizer.model_paths()
     pieces = tokenizer.src_vocabulary()
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=fast_tokenizer(path),
+        tokenizer_object=fast_tokenizer(path, order),
         pad_token=pieces[tokenizer.pad_id],
+        unk_token=pieces[tokenizer.unk_id],  # CTranslate2's converter needs it named
         bos_token=pieces[tokenizer.bos_id],
         eos_token=pieces[tokenizer.eos_id],
         model_max_length=max_positions,  # the longest source the model takes
@@ -161,3 +178,30 @@ def write_tokenizer(tokenizer: Tokenizer, out: Path, max_positions: int) -> None
         split_special_tokens=True,  # "<s>" typed in a sentence is text, as in SentencePiece
     )
     fast.save_pretrained(out)
+
+
+def exported_order(directory: Path, tokenizer: Tokenizer) -> list[int]:
+    """How an export's ids map onto `tokenizer`, the run's own beside them: the export's id i
+    is the tokenizer's order[i] (`cli.exporters.marian.vocabulary_order`), read from the pieces
+    of its tokenizer.json; the tokenizer's own ids where it wrote none (a Marian tokenizer's
+    files keep theirs).
+
+    Raises:
+        InputError: tokenizer.json is unreadable, or its pieces are not the tokenizer's.
+    """
+    from tokenizers import Tokenizer as Fast
+
+    path = directory / TOKENIZER_JSON
+    pieces = tokenizer.src_vocabulary()
+    if not path.is_file() or not tokenizer.joint:
+        return list(range(len(pieces)))
+    try:
+        vocab = Fast.from_file(str(path)).get_vocab()  # {piece: the export's id}
+    except Exception as e:  # tokenizers raises its own Exception for any malformed file
+        raise InputError(f"{path}: not a readable tokenizer ({str(e)[:120]})") from None
+    if sorted(vocab.values()) != list(range(len(pieces))) or set(vocab) != set(pieces):
+        raise InputError(f"{path}: its pieces are not those of {tokenizer.model_paths()[0]}")
+    order = [0] * len(pieces)
+    for i, piece in enumerate(pieces):
+        order[vocab[piece]] = i
+    return order

@@ -11,15 +11,24 @@ the name table of `model/marian.py` (positions, fused projections):
   source: its export has a fast tokenizer of its own instead, which appends nothing
   (`cli.exporters.hf_tokenizer`). An imported model keeps Marian's own files.
 
+The vocabulary is in OPUS-MT's layout, `<pad>` last (`vocabulary_order`): in the embeddings,
+the output layer, `final_logits_bias`, the tokenizer and every special id of the configs, as
+CTranslate2's converter (`ct2-transformers-converter`) and other OPUS-MT tools take for
+granted. That converter also starts every decoder from a zero embedding: exact for a decoder
+that starts from a zero `<pad>` (OPUS-MT's; `model.decoder_start: pad` as tf initialises it),
+not for one that starts from a trained BOS (tf's default), which the model card and the
+export's output say (`model_card.ctranslate2_problem`).
+
 Beside them, the export keeps the run's config (`tf_config.yaml`) and its SentencePiece
-model(s): `tf import` of the directory gives back the same run, weights bit for bit.
+model(s): `tf import` of the directory maps the ids back (by the pieces of tokenizer.json) and
+gives back the same run, weights bit for bit.
 
 `generation_config.json` makes a bare `generate(**inputs)` tf's greedy search: one beam, EOS
-blocked for `decode.min_len` tokens, pad never chosen where the decoder starts from it (as
-tf's search), and tf's length limit, which is one number for all sentences in `transformers`
-(`max_length`) but `a * len(src) + b` per sentence in tf: exact when `decode.max_len_a` is 0,
-else the model's own limit, which only a sentence that tf cuts at its limit (no EOS in sight)
-ever reaches.
+blocked for `decode.min_len` tokens, `decode.no_repeat_ngram_size`'s n-grams banned, the
+decoder's start token never chosen where it is pad (as tf's search), and tf's length limit,
+which is one number for all sentences in `transformers` (`max_length`) but `a * len(src) + b`
+per sentence in tf: exact when `decode.max_len_a` is 0, else the model's own limit, which only
+a sentence that tf cuts at its limit (no EOS in sight) ever reaches.
 """
 
 from __future__ import annotations
@@ -28,12 +37,14 @@ import json
 import shutil
 from pathlib import Path
 
+import torch
+
 from cli.config import TF_CONFIG, Config, DecodeConfig, save_config
 from cli.exporters.hf_tokenizer import write_tokenizer
 from data.errors import InputError
 from data.marian import TOKENIZER_CONFIG, MarianTokenizer
 from data.tokenizer import Tokenizer
-from model.marian import marian_weights
+from model.marian import marian_weights, reorder_vocabulary
 from model.transformer import ModelConfig, Transformer
 
 
@@ -45,17 +56,30 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, config: Config, out:
 
     transformers_logging.disable_progress_bar()  # "Writing model shards": one shard, no news
     check_exportable(model.config)
+    if not isinstance(tokenizer, MarianTokenizer) and not tokenizer.joint:
+        raise InputError("Marian takes one vocabulary: export needs a joint tokenizer")
+    order = vocabulary_order(tokenizer)
+    moved = {old: new for new, old in enumerate(order) if old != new}
+
+    def exported(i: int) -> int:  # tf's id -> the export's
+        return moved.get(i, i)
+
     start = tokenizer.decoder_start_id(model.config.decoder_start)
     special = dict(
-        pad_token_id=tokenizer.pad_id,
+        # One id for both embeddings' padding rows: where two vocabularies pad at other ids (an
+        # import's), the lower, which both hold (transformers takes it for either).
+        pad_token_id=exported(min(tokenizer.pad_id, tokenizer.src_pad_id)),
         # Marian has no BOS: its configs name EOS, which nothing uses.
-        bos_token_id=tokenizer.eos_id if tokenizer.bos_id is None else tokenizer.bos_id,
-        eos_token_id=tokenizer.eos_id,
-        forced_eos_token_id=tokenizer.eos_id,  # as our search: EOS forced at the length limit
-        decoder_start_token_id=start,
+        bos_token_id=exported(tokenizer.eos_id if tokenizer.bos_id is None else tokenizer.bos_id),
+        eos_token_id=exported(tokenizer.eos_id),
+        forced_eos_token_id=exported(tokenizer.eos_id),  # as our search: EOS forced at the limit
+        decoder_start_token_id=exported(start),
     )
     marian = MarianMTModel(marian_config(model.config, tokenizer, special)).eval()
-    missing, unexpected = marian.load_state_dict(marian_weights(model), strict=False)
+    weights = marian_weights(model)
+    if moved:  # (a Marian tokenizer's ids stay as they are, on either side)
+        weights = reorder_vocabulary(weights, torch.tensor(order))
+    missing, unexpected = marian.load_state_dict(weights, strict=False)
     allowed = {"lm_head.weight"} | {
         k for k in marian.state_dict() if "embed_positions" in k or "embed_tokens" in k
     }
@@ -66,12 +90,23 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, config: Config, out:
     if isinstance(tokenizer, MarianTokenizer):
         write_marian_tokenizer(tokenizer, out, config)
     else:
-        write_tokenizer(tokenizer, out, model.config.max_positions)
+        write_tokenizer(tokenizer, out, model.config.max_positions, order)
         for path in tokenizer.model_paths():  # for `tf import`, which restores the run
             shutil.copyfile(path, out / path.name)
     # What `tf import` of this directory needs to give back the run's model exactly: its
     # layout of positions, its decoder's start, every setting.
     save_config(config, out / TF_CONFIG)
+
+
+def vocabulary_order(tokenizer: Tokenizer) -> list[int]:
+    """The export's id i is the tokenizer's id order[i]: `<pad>` last, the others in their
+    order, as OPUS-MT's models have it and CTranslate2's Marian loader takes for granted (it
+    drops the last id: the pad its decoders start from, as a zero embedding). An imported
+    model's own Marian files keep their ids (OPUS-MT's pad is last already)."""
+    ids = list(range(tokenizer.src_vocab_size))
+    if isinstance(tokenizer, MarianTokenizer):
+        return ids
+    return [i for i in ids if i != tokenizer.pad_id] + [tokenizer.pad_id]
 
 
 def check_exportable(c: ModelConfig) -> None:
@@ -117,10 +152,12 @@ def generation_config(special: dict[str, int], decode: DecodeConfig, c: ModelCon
 
     most = c.max_positions - 1  # tokens before the EOS, as `search_batch` clamps them
     tokens = max(1, min(int(decode.max_len_b), most)) if decode.max_len_a == 0 else most
-    extra = {"min_new_tokens": decode.min_len} if decode.min_len else {}
-    pad = special["pad_token_id"]
-    if special["decoder_start_token_id"] == pad != special["eos_token_id"]:  # as tf bans it
-        extra["bad_words_ids"] = [[pad]]
+    extra: dict = {"min_new_tokens": decode.min_len} if decode.min_len else {}
+    if decode.no_repeat_ngram_size:
+        extra["no_repeat_ngram_size"] = decode.no_repeat_ngram_size
+    start = special["decoder_start_token_id"]
+    if c.decoder_start == "pad" and start != special["eos_token_id"]:  # as tf bans it
+        extra["bad_words_ids"] = [[start]]
     return GenerationConfig(
         **special,
         **extra,
@@ -135,10 +172,13 @@ def write_marian_tokenizer(tokenizer: MarianTokenizer, out: Path, config: Config
     `AutoTokenizer` a MarianTokenizer over them."""
     for path in tokenizer.model_paths():
         shutil.copyfile(path, out / path.name)
+    d = config.data
+    ways = d.translates()  # one-way: its corpora's direction; else the languages it was named by
+    src, tgt = ways[0] if len(ways) == 1 else (d.src_lang, d.tgt_lang)
     settings = {
         "tokenizer_class": "MarianTokenizer",
-        "source_lang": config.data.src_lang,
-        "target_lang": config.data.tgt_lang,
+        "source_lang": src,
+        "target_lang": tgt,
         "separate_vocabs": tokenizer.separate,
         "model_max_length": config.model.max_positions,
     }

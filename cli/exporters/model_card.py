@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from cli.config import Config
-from cli.inference.languages import target_languages
+from cli.inference.languages import with_languages
 from cli.training.checkpoint import CheckpointError, resolve_checkpoint
 from data.config import direction_name
 from data.marian import MarianTokenizer
@@ -51,11 +51,13 @@ def model_card(
 ) -> str:
     """README.md for the exported directory: Hub metadata, then the card itself. `imported`:
     the checkpoint's record of `tf import` (a pretrained model exported again)."""
-    d = config.data
-    tokens = target_languages(config, tokenizer)  # an imported model's `>>xxx<<` ones too
-    langs = list(dict.fromkeys(lang for c in d.corpora() for lang in d.direction(c)))
-    langs = langs or list(dict.fromkeys([d.src_lang, *(tokens or [d.tgt_lang])]))
-    title = "multilingual" if tokens else f"{d.src_lang}→{d.tgt_lang}"
+    d = with_languages(config, tokenizer).data  # an older import's `>>xxx<<` tokens too
+    tokens = d.lang_tokens()
+    ways = d.translates()  # what its corpora train, not data.src_lang/tgt_lang
+    langs = list(dict.fromkeys(lang for way in ways for lang in way))
+    src, tgt = ways[0]  # the example's direction
+    sources = list(dict.fromkeys(s for s, _ in ways))
+    title = "multilingual" if tokens else f"{'/'.join(sources)}→{tgt}"
     metadata = [
         "---",
         "language:\n" + "\n".join(f"- {lang}" for lang in langs),
@@ -71,8 +73,9 @@ def model_card(
         f"{origin(config, imported)}, exported as a `MarianMTModel`: "
         "it loads and runs as any Hugging Face translation model does.",
         "## How to use\n\n"
-        + usage(d.src_lang, isinstance(tokenizer, MarianTokenizer), next(iter(tokens.values()), ""))
+        + usage(src, isinstance(tokenizer, MarianTokenizer), tokens.get(tgt, ""))
         + languages_note(tokens),
+        "## CTranslate2\n\n" + ctranslate2_section(model, tokenizer),
         "## Data\n\n" + data_section(config),
         "## Model and training\n\n" + shape_section(model, tokenizer, config, step),
         "## Evaluation\n\n" + scores_section(scores),
@@ -126,6 +129,46 @@ def languages_note(tokens: dict[str, str]) -> str:
     )
 
 
+def ctranslate2_section(model: Transformer, tokenizer: Tokenizer) -> str:
+    """What CTranslate2's own converter (`ct2-transformers-converter`) makes of the export."""
+    problem = ctranslate2_problem(model, tokenizer)
+    if problem:
+        return (
+            f"**Do not convert with `ct2-transformers-converter`**: {problem}. "
+            "`tf export RUN --to ctranslate2` writes the exact CTranslate2 model."
+        )
+    return (
+        "`ct2-transformers-converter --model THIS_DIRECTORY --output_dir ct2` converts it "
+        "exactly (`<pad>` is the last id and its embedding zero, as the converter assumes): "
+        "greedy search gives the same tokens. The converter removes `<pad>` from the output "
+        "layer, so its beam search normalises over the other tokens, where `transformers` bans "
+        "`<pad>` after the softmax: beams may rank otherwise."
+    )
+
+
+def ctranslate2_problem(model: Transformer, tokenizer: Tokenizer) -> str | None:
+    """Why CTranslate2's converter would not give this model, or None. Its Marian loader
+    drops the last id (`<pad>` in OPUS-MT's layout, the export's) and starts every decoder
+    from a zero embedding, whatever `decoder_start_token_id` says."""
+    pad, bos = tokenizer.pad_id, tokenizer.bos_id
+    last = (tokenizer.src_vocab_size - 1, tokenizer.tgt_vocab_size - 1)
+    if isinstance(tokenizer, MarianTokenizer) and (tokenizer.src_pad_id, pad) != last:
+        return "it expects `<pad>` as the last id, which this vocabulary has elsewhere"
+    if model.config.decoder_start == "bos":
+        return (
+            "its Marian loader starts every decoder from a zero embedding (OPUS-MT's start "
+            f"from a zero `<pad>`), this model's from its trained BOS, "
+            f"`{tokenizer.tgt_pieces([bos])[0]}`: the converted model would translate otherwise"
+        )
+    if model.tgt_embed.token.weight[pad].any():
+        return (
+            "its Marian loader starts every decoder from a zero embedding, and this model's "
+            "`<pad>`, where its decoder starts, is not zero: the converted model would "
+            "translate otherwise"
+        )
+    return None
+
+
 def data_section(config: Config) -> str:
     d = config.data
     if not d.corpora():
@@ -142,7 +185,7 @@ def data_section(config: Config) -> str:
 
     def sets(value, listed) -> str:
         if isinstance(value, str):
-            return f"`{value}`"
+            return f"`{value}`" if value else "none"
         return ", ".join(f"`{s.corpus}` ({direction_name(d.direction(s))})" for s in listed)
 
     return (
@@ -184,8 +227,9 @@ def scores_section(scores: dict[str, Any] | None) -> str:
             "RUN/eval.json` (or `make eval`) before `tf export` puts the scores here."
         )
     decoding = scores.get("decoding") or {}
+    form = "len ** alpha" if decoding.get("length_penalty_form") == "power" else "GNMT"
     how = (
-        f"`tf` beam search, beam {decoding.get('beam_size')}, GNMT length penalty "
+        f"`tf` beam search, beam {decoding.get('beam_size')}, {form} length penalty "
         f"{decoding.get('length_penalty')}"
         if decoding.get("beam_size", 1) > 1
         else "`tf` greedy search (this export's default)"

@@ -17,6 +17,7 @@ import json
 import re
 import shutil
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +32,16 @@ from cli.config import (
     load_config,
     save_config,
 )
+from cli.exporters.hf_tokenizer import exported_order
+from cli.importers.generation import read_generation
 from cli.training.checkpoint import FORMAT, save_atomic
 from cli.training.run import RunDir
-from data.config import LANGUAGE_CODE, DataConfig
+from data.config import LANGUAGE_CODE, DataConfig, direction_of, with_directions
 from data.errors import InputError
 from data.files import check_output_dir, read_json_object
 from data.marian import TOKENIZER_CONFIG, MarianTokenizer
 from data.tokenizer import Tokenizer
-from model.marian import tf_weights
+from model.marian import marian_weights, reorder_vocabulary, tf_weights
 from model.transformer import ModelConfig, Transformer, sinusoidal_positions
 
 # What a hub download fetches: the model's configuration and tokenizer, then its weights in
@@ -58,7 +61,7 @@ FILES = [
     "*.safetensors",
     "model.safetensors.index.json",
 ]
-PICKLED = "pytorch_model.bin"
+PICKLED = ["pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*.bin"]
 HF_ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}  # -> ours
 HUB_NAME = re.compile(r"[\w.-]+(/[\w.-]+)?")
 # Keys of older Marian configurations that describe another network than tf's (and than the
@@ -75,23 +78,42 @@ VARIANTS = {
 def import_marian(source: str, out: Path, force: bool = False) -> str:
     """Import SOURCE (a directory or a hub name) as the run `out`; returns a report for the
     user: the model, its vocabulary and its target-language tokens."""
-    check_output_dir(out, force, "-o", Path(source) if Path(source).exists() else None)
+    check_output_dir(out, force, "-o", [Path(source)] if Path(source).exists() else [])
     directory, origin = locate(source)
     hf = read_hf_config(directory)
+    generation = None
+    order = None  # a `tf export`'s id i is its run's order[i] (OPUS-MT's layout, pad last)
     if (directory / TF_CONFIG).is_file():  # a `tf export`: the run it came from, exactly
         config, tokenizer = exported_run(directory)
+        order = exported_order(directory, tokenizer)
+        hf |= {key: order[hf[key]] for key in IDS if hf[key] < len(order)}
     else:
         tokenizer = MarianTokenizer(directory)
-        config = run_config(model_config_of(hf, directory), directory, source)
+        start = tokenizer.decoder_start_id("pad")
+        generation = read_generation(
+            directory, tokenizer.eos_id, start, tokenizer.tgt_pieces([start])[0]
+        )
+        config = run_config(
+            model_config_of(hf, directory), directory, source, generation.decode, tokenizer.tags
+        )
     check_vocabulary(hf, tokenizer, directory)
     weights, weights_file = read_weights(directory)
+    if order is not None:
+        weights = reorder_vocabulary(weights, torch.argsort(torch.tensor(order)))
     model = Transformer(
-        config.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id
+        config.model,
+        tokenizer.src_vocab_size,
+        tokenizer.tgt_vocab_size,
+        tokenizer.pad_id,
+        tokenizer.src_pad_id,
     )
     load_marian(model, weights, weights_file)
     origin = {"source": origin, **weights_file_record(weights_file)}
+    if generation is not None:
+        origin["generation"] = generation.record()
     write_run(model, tokenizer, config, out, origin)
-    return report(out, model, tokenizer, config)
+    settings = generation.report() if generation else []
+    return "\n".join([report(out, model, tokenizer, config), *settings])
 
 
 def locate(source: str) -> tuple[Path, str]:
@@ -120,7 +142,7 @@ def download(name: str) -> Path:
     try:
         directory = Path(snapshot_download(name, allow_patterns=FILES))
         if not any(directory.glob("*.safetensors")):
-            directory = Path(snapshot_download(name, allow_patterns=FILES + [PICKLED]))
+            directory = Path(snapshot_download(name, allow_patterns=FILES + PICKLED))
         return directory
     except LocalEntryNotFoundError:
         raise InputError(
@@ -219,11 +241,6 @@ def model_config_of(hf: dict[str, Any], directory: Path) -> ModelConfig:
         raise InputError(
             f"{where}: activation_function {activation!r}; tf has {', '.join(HF_ACTIVATIONS)}"
         )
-    if hf["decoder_start_token_id"] != hf["pad_token_id"]:
-        raise InputError(
-            f"{where}: decoder_start_token_id {hf['decoder_start_token_id']} is not the "
-            f"pad token ({hf['pad_token_id']}), where Marian's decoders start"
-        )
     return ModelConfig(
         d_model=hf["d_model"],
         n_heads=hf["encoder_attention_heads"],
@@ -269,50 +286,59 @@ def check_vocabulary(hf: dict[str, Any], tokenizer: Tokenizer, directory: Path) 
                 f"{tokenizer.directory}: the {side} vocabulary has {size} pieces, but "
                 f"config.json's {key} is {hf.get(key)}"
             )
-    for key, value in (("pad_token_id", tokenizer.pad_id), ("eos_token_id", tokenizer.eos_id)):
-        if hf.get(key) != value:
-            raise InputError(
-                f"{where}: {key} {hf.get(key)} is not the tokenizer's ({value}, "
-                f"{tokenizer.tgt_pieces([value])[0]})"
-            )
+    # transformers pads both embeddings with pad_token_id: two vocabularies whose <pad> ids
+    # differ name one of them (the one both hold); the decoder starts from the target's.
+    pads = {tokenizer.pad_id, tokenizer.src_pad_id}
+    if hf["pad_token_id"] not in pads:
+        raise InputError(
+            f"{where}: pad_token_id {hf['pad_token_id']} is not the tokenizer's <pad> "
+            f"({' or '.join(map(str, sorted(pads)))})"
+        )
+    if hf["eos_token_id"] != tokenizer.eos_id:
+        raise InputError(
+            f"{where}: eos_token_id {hf['eos_token_id']} is not the tokenizer's ({tokenizer.eos_id}"
+            f", {tokenizer.tgt_pieces([tokenizer.eos_id])[0]})"
+        )
+    start = hf["decoder_start_token_id"]
+    if isinstance(tokenizer, MarianTokenizer) and start != tokenizer.pad_id:
+        raise InputError(
+            f"{where}: decoder_start_token_id {start} is not the target vocabulary's <pad> "
+            f"({tokenizer.pad_id}), where Marian's decoders start"
+        )
 
 
 def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
-    """The state dict of `directory` (safetensors, sharded or not, else pytorch_model.bin read
-    with weights_only=True), in float32 under MarianMTModel's names."""
-    index = directory / "model.safetensors.index.json"
-    single = directory / "model.safetensors"
-    pickled = directory / PICKLED
-    if index.is_file():
-        shards = index_shards(index)
-        weights = {}
-        for shard in shards:
-            weights.update(_safetensors(directory / shard))
-        found = index
-    elif single.is_file():
-        weights, found = _safetensors(single), single
-    elif pickled.is_file():
-        try:
-            with warnings.catch_warnings():  # torch's notes on the pickle's protocol: noise
-                warnings.simplefilter("ignore")
-                weights = torch.load(pickled, map_location="cpu", weights_only=True)
-        except Exception as e:  # an unpickling error, a truncated file, ...
-            reason = " ".join(str(e).split())[:160]
-            raise InputError(f"{pickled}: not loadable as plain weights ({reason})") from None
-        found = pickled
+    """The state dict of `directory` under MarianMTModel's names, in the dtypes it is stored
+    in, and the file it came from: safetensors (sharded or not) where there are, else
+    pytorch_model.bin (sharded or not), each file read safely (`_pickled`)."""
+    for index_name, single_name, read in WEIGHT_FILES:
+        index, single = directory / index_name, directory / single_name
+        if index.is_file():
+            weights, found = {}, index
+            for shard in index_shards(index):
+                if not (directory / shard).is_file():
+                    raise InputError(f"{index}: names the shard {shard}, which is missing")
+                weights.update(read(directory / shard))
+            break
+        if single.is_file():
+            weights, found = read(single), single
+            break
     else:
-        raise InputError(f"{directory}: no model.safetensors or pytorch_model.bin")
+        raise InputError(
+            f"{directory}: no model.safetensors or pytorch_model.bin (nor a sharded index of "
+            "either)"
+        )
     if not isinstance(weights, dict) or not all(
         isinstance(v, torch.Tensor) for v in weights.values()
     ):
         raise InputError(f"{found}: not a state dict of tensors")
     if not any(k.startswith("model.") for k in weights):  # a MarianModel: no head of its own
         weights = {f"model.{k}": v for k, v in weights.items()}
-    return {k: v.float() for k, v in weights.items()}, found
+    return weights, found
 
 
 def index_shards(index: Path) -> list[str]:
-    """The shard files a model.safetensors.index.json names, each once, sorted."""
+    """The shard files a sharded model's index (`*.index.json`) names, each once, sorted."""
     weight_map = read_json_object(index).get("weight_map")
     if not isinstance(weight_map, dict) or not all(
         isinstance(shard, str) and shard and Path(shard).name == shard
@@ -322,7 +348,20 @@ def index_shards(index: Path) -> list[str]:
     return sorted(set(weight_map.values()))
 
 
+def _pickled(path: Path) -> dict[str, torch.Tensor]:
+    """A pytorch_model*.bin read with weights_only=True: a pickle that would run code (or
+    hold anything but tensors and plain containers) is refused."""
+    try:
+        with warnings.catch_warnings():  # torch's notes on the pickle's protocol: noise
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # an unpickling error, a truncated file, ...
+        reason = " ".join(str(e).split())[:160]
+        raise InputError(f"{path}: not loadable as plain weights ({reason})") from None
+
+
 def _safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A *.safetensors file: plain tensors, no code."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -332,31 +371,93 @@ def _safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise InputError(f"{path}: not a readable safetensors file ({e})") from None
 
 
+# (sharded index, single file, reader), safetensors first, as transformers prefers them.
+WEIGHT_FILES = (
+    ("model.safetensors.index.json", "model.safetensors", _safetensors),
+    ("pytorch_model.bin.index.json", "pytorch_model.bin", _pickled),
+)
+
+
 def load_marian(model: Transformer, weights: dict[str, torch.Tensor], source: Path) -> None:
-    """Marian's weights into `model`, checked: every tensor there, of the right shape, and the
-    positions (where a file keeps them) the sinusoids `model.positions: halves` computes."""
+    """Marian's weights into `model`, checked: every tensor there, of the shape config.json
+    gives it, none that the model would leave unused, and the positions (where a file keeps
+    them) the sinusoids `model.positions: halves` computes."""
     if "lm_head.weight" not in weights and model.config.tie_embeddings == "none":
         raise InputError(f"{source}: no lm_head.weight for an untied output layer")
     if "final_logits_bias" not in weights:  # transformers' own default when a file has none
         weights["final_logits_bias"] = torch.zeros(1, model.generator.out_features)
+    check_tensors(model, weights, source)
+    check_positions(weights, source)
     try:
-        ours = tf_weights(weights, model.config)
+        ours = tf_weights({k: v.float() for k, v in weights.items()}, model.config)
         model.load_state_dict(ours, strict=True)
     except KeyError as e:
         raise InputError(f"{source}: no tensor {e} (the weights do not fit config.json)") from None
     except RuntimeError as e:
         first = " ".join(str(e).split())[:200]
         raise InputError(f"{source}: the weights do not fit config.json ({first})") from None
-    for stack in ("encoder", "decoder"):
-        table = weights.get(f"model.{stack}.embed_positions.weight")
-        if table is None:
-            continue
-        expected = sinusoidal_positions(table.size(0), table.size(1), "halves")
-        if table.shape != expected.shape or not torch.allclose(table, expected, atol=1e-4):
+
+
+def check_tensors(model: Transformer, weights: dict[str, torch.Tensor], source: Path) -> None:
+    """Every tensor of the file against the model config.json describes (Marian's names and
+    shapes of `model`'s weights): one of another shape, or one the model has no place for
+    (a layer more than config.json counts, say, which transformers too would drop with a
+    warning), is a one-line InputError naming it."""
+    expected = {name: tuple(t.shape) for name, t in marian_weights(model).items()}
+    for name, tensor in weights.items():
+        if name in expected and tuple(tensor.shape) != expected[name]:
             raise InputError(
-                f"{source}: model.{stack}.embed_positions are not Marian's sinusoids "
+                f"{source}: {name} has the shape {list(tensor.shape)}, where config.json's "
+                f"model has {list(expected[name])} (d_model, heads, FFN or vocabulary differ)"
+            )
+    unused = [name for name in weights if name not in expected and name not in POSITIONS]
+    if unused:
+        shown = ", ".join(unused[:3]) + (f" and {len(unused) - 3} more" if len(unused) > 3 else "")
+        raise InputError(
+            f"{source}: {len(unused)} tensor(s) that config.json's model does not use: {shown}"
+            f"{layers_hint(unused, model.config)}"
+        )
+
+
+POSITIONS = tuple(f"model.{stack}.embed_positions.weight" for stack in ("encoder", "decoder"))
+
+
+def layers_hint(unused: list[str], c: ModelConfig) -> str:
+    """What unused layers say: the weights hold more layers than config.json counts."""
+    hints = []
+    for stack, n in (("encoder", c.n_encoder_layers), ("decoder", c.n_decoder_layers)):
+        found = [re.match(rf"model\.{stack}\.layers\.(\d+)\.", name) for name in unused]
+        layers = [int(m.group(1)) for m in found if m]
+        if layers and min(layers) >= n:
+            hints.append(
+                f"the weights hold {max(layers) + 1} {stack} layers, config.json's "
+                f"{stack}_layers is {n}"
+            )
+    return "".join(f"; {hint}" for hint in hints)
+
+
+def check_positions(weights: dict[str, torch.Tensor], source: Path) -> None:
+    """The position tables a file keeps (older exports do) must be Marian's sinusoids, as
+    stored in their dtype: learned positions would change every logit without a word."""
+    for name in POSITIONS:
+        table = weights.get(name)
+        if table is not None and not is_sinusoid_table(table):
+            raise InputError(
+                f"{source}: {name.removesuffix('.weight')} are not Marian's sinusoids "
                 "(learned positions?); tf computes them"
             )
+
+
+def is_sinusoid_table(table: torch.Tensor) -> bool:
+    """Whether `table` (P, D) holds Marian's sinusoids as its dtype stores them: rounded to
+    that dtype, within its machine epsilon (fp16 9.8e-4, bf16 7.8e-3, where rounding moves a
+    value near 1 by up to 2.4e-4 and 2e-3; float32 tables computed in another order differ by
+    ~1e-5, under the 1e-4 kept for them)."""
+    if table.dim() != 2 or not table.is_floating_point():
+        return False
+    expected = sinusoidal_positions(table.size(0), table.size(1), "halves").to(table.dtype)
+    tolerance = max(1e-4, torch.finfo(table.dtype).eps)
+    return torch.allclose(table.float(), expected.float(), rtol=0, atol=tolerance)
 
 
 def exported_run(directory: Path) -> tuple[Config, Tokenizer]:
@@ -368,9 +469,16 @@ def exported_run(directory: Path) -> tuple[Config, Tokenizer]:
     return config, Tokenizer.load(directory)
 
 
-def run_config(model_config: ModelConfig, directory: Path, source: str) -> Config:
+def run_config(
+    model_config: ModelConfig,
+    directory: Path,
+    source: str,
+    decode: DecodeConfig,
+    tags: Iterable[str] = (),
+) -> Config:
     """The imported run's config: the model, its languages (tokenizer_config.json's, else the
-    name's `opus-mt-SRC-TGT`), the generation config's beam."""
+    name's `opus-mt-SRC-TGT`; a multilingual model's directions into its `>>xxx<<` tokens'
+    languages, `tags`), and `decode`, its generation settings (`read_generation`)."""
     tokenizer_config = directory / TOKENIZER_CONFIG
     langs = read_json_object(tokenizer_config) if tokenizer_config.is_file() else {}
     src_lang, tgt_lang = langs.get("source_lang"), langs.get("target_lang")
@@ -391,10 +499,8 @@ def run_config(model_config: ModelConfig, directory: Path, source: str) -> Confi
         tgt_lang=tgt_lang or "tgt",
         max_len=min(DataConfig.max_len, model_config.max_positions - 1),
     )
-    generation = directory / "generation_config.json"
-    beam = read_json_object(generation).get("num_beams") if generation.is_file() else None
-    decode = DecodeConfig(beam_size=beam) if isinstance(beam, int) and 0 < beam <= 32 else None
-    config = Config(data=data, model=model_config, decode=decode or DecodeConfig())
+    data = with_directions(data, tags)
+    config = Config(data=data, model=model_config, decode=decode)
     try:
         return check_config(config, str(directory / "config.json"))
     except ConfigError as e:
@@ -449,13 +555,20 @@ def write_run(
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def named_direction(d: DataConfig) -> str:
+    """A one-way model's direction (a `tf` export's: its corpora's); a multilingual one's as its
+    card names it ("gem->gem", "en->mul")."""
+    ways = d.translates()
+    return direction_of(*ways[0]) if len(ways) == 1 else direction_of(d.src_lang, d.tgt_lang)
+
+
 def report(out: Path, model: Transformer, tokenizer: Tokenizer, config: Config) -> str:
     c, d = model.config, config.data
     vocab = f"{tokenizer.src_vocab_size}" + (
         "" if tokenizer.joint else f"/{tokenizer.tgt_vocab_size}"
     )
     lines = [
-        f"{out}: {d.src_lang}->{d.tgt_lang}, {model.num_parameters() / 1e6:.1f}M parameters "
+        f"{out}: {named_direction(d)}, {model.num_parameters() / 1e6:.1f}M parameters "
         f"(d_model {c.d_model}, {c.n_encoder_layers}+{c.n_decoder_layers} layers, "
         f"{c.n_heads} heads, FFN {c.d_ff} {c.activation}), vocabulary {vocab}"
     ]

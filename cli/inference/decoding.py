@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -23,10 +24,17 @@ from cli.inference.requests import Guide
 from cli.inference.shapes import Padded, pad_batch, padded_step, shapes_matter
 from data.batching import Batch, batch_by_tokens, collate
 from data.errors import InputError
-from data.tokenizer import Tokenizer
+from data.tokenizer import Tokenizer, split_tags
 from model.constraints import constrained_beam_search, search_width
 from model.ensemble import Ensemble
-from model.search import Hypothesis, Sampling, beam_search, greedy_search, sample_search
+from model.search import (
+    Hypothesis,
+    LengthPenalty,
+    Sampling,
+    beam_search,
+    greedy_search,
+    sample_search,
+)
 from model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -64,6 +72,8 @@ def decode_overrides(
         raise InputError(f"--beam must be 1 or more, got {beam}")
     if nbest is not None and nbest < 1:
         raise InputError(f"--nbest must be 1 or more, got {nbest}")
+    if lenpen is not None and not math.isfinite(lenpen):  # else blamed on --set
+        raise InputError(f"--lenpen must be a finite number, got {lenpen}")
     if greedy and beam not in (None, 1):
         raise InputError(f"--greedy and --beam {beam} contradict each other; give one")
     width = 1 if greedy else beam
@@ -120,12 +130,15 @@ def search_batch(
         min_len=decode.min_len,
         no_repeat_ngram_size=decode.no_repeat_ngram_size,
         prefix=prefix_tensor(guides, batch.src.device),
+        score_forced_eos=decode.score_forced_eos,
+        renormalize=decode.renormalize,
     )
     beam = dict(
         beam_size=decode.beam_size,
-        length_penalty=decode.length_penalty,
+        length_penalty=length_penalty(decode),
         nbest=decode.nbest,
         patience=decode.patience,
+        beam_stop=decode.beam_stop,
     )
     if guides and any(g and g.constraints for g in guides):
         constraints = [g.constraints if g else () for g in guides]
@@ -139,6 +152,11 @@ def search_batch(
     # Under autocast the logits are bf16 or fp16, whose ties make `row_topk` slower than top-k.
     half_logits = torch.is_autocast_enabled(batch.src.device.type)
     return beam_search(step, cache, reorder, **beam, **common, half_logits=half_logits)
+
+
+def length_penalty(decode: DecodeConfig) -> LengthPenalty:
+    """The length penalty `decode` ranks finished hypotheses by (`model.search.LengthPenalty`)."""
+    return LengthPenalty(decode.length_penalty, power=decode.length_penalty_form == "power")
 
 
 def log_prob_step(decode_step: Callable[[Tensor, Any], Tensor], eos_id: int, pad_id: int | None):
@@ -164,7 +182,7 @@ def encoded(model: Transformer | Ensemble, batch: Batch, start: Start, steps: in
     if not shapes_matter(model, batch.src.device):
         memory = model.encode(batch.src, batch.src_pad_mask)  # (B, S, D), a list for an ensemble
         return start(model, memory, batch.src_pad_mask, steps)
-    src, src_pad_mask = pad_batch(batch)  # (B', S'): B' >= B rows, S' >= S columns
+    src, src_pad_mask = pad_batch(batch, model.config.max_positions)  # (B', S'), S' >= S
     state, decode_step = start(model, model.encode(src, src_pad_mask), src_pad_mask, steps)
     return Padded(state, batch.src.size(0), src.size(0), 1), padded_step(decode_step)
 
@@ -178,7 +196,7 @@ def _sample(step, cache, reorder, batch: Batch, decode: DecodeConfig, limit: int
         samples=decode.beam_size,
         sampling=Sampling(decode.sampling_topk, decode.sampling_topp, decode.sampling_temperature),
         noise=sample_noise(batch, decode, limit + 1).to(batch.src.device),
-        length_penalty=decode.length_penalty,
+        length_penalty=length_penalty(decode),
         nbest=decode.nbest,
         **common,
     )
@@ -233,7 +251,13 @@ def translate_ids(
         for group in batch_by_tokens(costs, [0] * len(costs), decode.max_tokens, max_sentences):
             rows = [members[j] for j in group]
             batch = collate(
-                [src_ids[i] for i in rows], None, tokenizer.pad_id, start_id, tokenizer.eos_id, rows
+                [src_ids[i] for i in rows],
+                None,
+                tokenizer.pad_id,
+                start_id,
+                tokenizer.eos_id,
+                rows,
+                src_pad_id=tokenizer.src_pad_id,
             ).to(device)
             with inference_autocast(device, decode.precision):
                 hyps = search_batch(
@@ -262,10 +286,12 @@ def search_widths(decode: DecodeConfig, guides: list[Guide | None] | None, n: in
 
 
 def source_ids(tokenizer: Tokenizer, lines: list[str]) -> list[list[int]]:
-    """The ids of raw lines; a blank line has none (it stays empty, whatever a tokenizer
-    appends: Marian's ends every source, an empty one too, in EOS)."""
+    """The ids of raw lines; a line of no text has none: a blank one, or one of tags alone (a
+    target-language token, say), which stays empty as a blank line does, whatever a tokenizer
+    appends (Marian's ends every source, an empty one too, in EOS)."""
     ids = tokenizer.encode_src([line.strip() for line in lines])
-    return [row if line.strip() else [] for line, row in zip(lines, ids)]
+    tags = tuple(tokenizer.tags)
+    return [row if split_tags(line, tags)[1].strip() else [] for line, row in zip(lines, ids)]
 
 
 def encode_sources(

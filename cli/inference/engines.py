@@ -21,15 +21,23 @@ import torch
 from cli.config import TF_CONFIG, Config, DecodeConfig, load_config, with_overrides
 from cli.device import autocast_dtype, bound_decoding_kernels, engine_precision
 from cli.exporters.ctranslate2 import is_ctranslate2_dir
-from cli.inference.decoding import Grouping, chunks, encode_sources, is_greedy, translate_ids
-from cli.inference.languages import check_to, target_languages, with_language
+from cli.inference.decoding import (
+    Grouping,
+    chunks,
+    encode_sources,
+    is_greedy,
+    length_penalty,
+    translate_ids,
+)
+from cli.inference.languages import check_to, with_language, with_languages
 from cli.inference.requests import Guide, Request, encode_guide
 from cli.training.checkpoint import CheckpointError, load_for_inference
+from data.config import direction_of
 from data.errors import InputError
 from data.tokenizer import Tokenizer
 from model.ensemble import Ensemble
 from model.packed import pack_linears
-from model.search import Hypothesis, gnmt_length_penalty
+from model.search import Hypothesis, LengthPenalty
 from model.transformer import Transformer
 
 Results = Iterator[tuple[list[int], list[Hypothesis]]]
@@ -53,7 +61,8 @@ class Engine:
     languages: dict[str, str] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.languages = target_languages(self.config, self.tokenizer)
+        self.config = with_languages(self.config, self.tokenizer)
+        self.languages = self.config.data.lang_tokens()
 
     def choose(self, to: str, where: str = "--to") -> None:
         """Translate into `to` (a multilingual model's lines that name no language)."""
@@ -69,24 +78,32 @@ class Engine:
             InputError: a multilingual model and no --to, naming its languages; or a source
                 language the same as the target (the corpus's two files would be one).
         """
-        d = self.config.data
-        if not self.languages:
-            source, target = d.src_lang, d.tgt_lang
-        elif not self.to:
+        if self.languages and not self.to:
             raise InputError(
                 f"{command}: the model is multilingual: choose the language to translate into "
                 f"with --to, one of {', '.join(self.languages)}"
             )
-        else:
-            sources = {d.direction(c)[0] for c in d.corpora() if d.direction(c)[1] == self.to}
-            source = sources.pop() if len(sources) == 1 else "src" if sources else d.src_lang
-            target = self.to
+        source, target = self.reads(), self.to or self.config.data.target_langs()[0]
         if source == target:
             raise InputError(
                 f"{command}: source and target language are both {source!r}: the pairs' two "
                 f"files would be one, train.{source}"
             )
         return source, target
+
+    def reads(self) -> str:
+        """The source language of the direction chosen (--to, or a one-way model's own):
+        "src" where the model reads several into it (a many-to-one model)."""
+        sources = self.source_langs()
+        return sources[0] if len(sources) == 1 else "src"
+
+    def source_langs(self) -> list[str]:
+        """The languages the model reads into the language chosen (--to, or a one-way
+        model's own); a multilingual model's, none chosen: every language it reads."""
+        d = self.config.data
+        if self.languages and not self.to:
+            return list(dict.fromkeys(src for src, _ in d.translates()))
+        return d.sources_into(self.to or d.target_langs()[0])
 
     def source_text(self, line: str | Request, where: str, to: str = "") -> str:
         """A line as the model reads it: a multilingual model's with its language's token, the
@@ -235,18 +252,18 @@ def check_member(
             f"{run}: its tokenizer is not {first}'s; an ensemble needs one tokenizer "
             f"(train the others with --set data.tokenizer={first}/tokenizer)"
         )
-    ours, theirs = first_config.data, config.data
-    if (theirs.src_lang, theirs.tgt_lang) != (ours.src_lang, ours.tgt_lang):
+    ours = with_languages(first_config, first_tokenizer).data
+    theirs = with_languages(config, tokenizer).data
+    if set(theirs.translates()) != set(ours.translates()):
         raise InputError(
-            f"{run}: translates {theirs.src_lang}->{theirs.tgt_lang}, {first} "
-            f"{ours.src_lang}->{ours.tgt_lang}; an ensemble's members share their languages "
-            "(data.src_lang, data.tgt_lang)"
+            f"{run}: translates {names(theirs.translates())}, {first} {names(ours.translates())}"
+            "; an ensemble's members translate the same directions (the mean of opposite "
+            "models' scores is no model's)"
         )
     if theirs.lang_tokens() != ours.lang_tokens():
         raise InputError(
-            f"{run}: translates into {', '.join(theirs.lang_tokens()) or theirs.tgt_lang}, "
-            f"{first} into {', '.join(ours.lang_tokens()) or ours.tgt_lang}; an ensemble's "
-            "members share their target languages and their tokens"
+            f"{run}: its target-language tokens are not {first}'s; an ensemble's members "
+            "share their target languages and their tokens"
         )
     start, first_start = config.model.decoder_start, first_config.model.decoder_start
     if start != first_start:  # every step feeds all members the same tokens
@@ -254,6 +271,10 @@ def check_member(
             f"{run}: its decoder starts from {start}, {first}'s from {first_start} "
             "(model.decoder_start); an ensemble's members start alike"
         )
+
+
+def names(directions: list[tuple[str, str]]) -> str:
+    return ", ".join(direction_of(*way) for way in directions)
 
 
 def computing_weights(
@@ -309,8 +330,17 @@ def ctranslate2_engine(directory: Path, device: torch.device, overrides: list[st
 
 
 def check_ct2_decode(decode: DecodeConfig) -> None:
-    """Refuse the decode settings that tf runs and CTranslate2 cannot."""
-    if decode.patience <= 0:
+    """Refuse the decode settings that tf runs and CTranslate2 cannot: beam search's stopping
+    rules other than its patience (greedy search and sampling have none to follow)."""
+    beam = not (is_greedy(decode) or decode.sampling)
+    if beam and decode.beam_stop == "current_length":
+        patience = " --set decode.patience=1" if decode.patience <= 0 else ""
+        raise InputError(
+            "decode.beam_stop current_length (transformers' early_stopping false, an imported "
+            f"model's rule) is not CTranslate2's: --set decode.beam_stop=bound{patience} for "
+            "its own"
+        )
+    if beam and decode.patience <= 0:
         raise InputError(
             "decode.patience 0 (search on until no live hypothesis can win) is tf's own; "
             "CTranslate2 needs a patience above 0"
@@ -325,7 +355,13 @@ def check_ct2_decode(decode: DecodeConfig) -> None:
 def ct2_most_hypotheses(decode: DecodeConfig) -> int:
     """The most hypotheses CTranslate2's beam search returns: beam x patience, rounded half up
     (tried: 5 x 0.5 returns 3, 1 x 0.1 none)."""
-    return math.floor(decode.beam_size * decode.patience + 0.5)
+    return math.floor(decode.beam_size * _ct2_patience(decode) + 0.5)
+
+
+def _ct2_patience(decode: DecodeConfig) -> float:
+    """The patience CTranslate2 searches with: `decode.patience`, or 1 for greedy search and
+    sampling, which never read it (and an imported model's 0 would fail the call)."""
+    return 1.0 if is_greedy(decode) or decode.sampling else decode.patience
 
 
 def ct2_compute_type(ctranslate2, precision: str, device: torch.device) -> str:
@@ -356,8 +392,10 @@ def translate_ids_ct2(
     limit are searched again under it (one call per limit; few sentences on a trained model).
     Its length penalty divides by len ** alpha, not GNMT's ((5 + len) / 6) ** alpha, and its
     beam search never returns an empty output: with alpha 0 and `decode.min_len` 1 its search
-    is ours. Its scores are turned into ours (`_tf_hypotheses`). A guide's prefix is its
-    `target_prefix` (it has no constraints: `Engine.guides` refuses them first).
+    is ours. What its rules forbid (min length, repeated n-grams) it takes out before its
+    softmax, as `decode.renormalize` true does. Its scores are turned into ours
+    (`_tf_hypotheses`). A guide's prefix is its `target_prefix` (it has no constraints:
+    `Engine.guides` refuses them first).
     """
     results = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
     limits = {i: length_limit(len(ids), config) for i, ids in enumerate(src_ids) if ids}
@@ -412,7 +450,7 @@ def _search_ct2(translator, tokenizer, src_ids, rows, limit, config, results, gu
         max_decoding_length=limit,
         min_decoding_length=decode.min_len,
         no_repeat_ngram_size=decode.no_repeat_ngram_size,
-        patience=decode.patience,
+        patience=_ct2_patience(decode),
         max_batch_size=decode.max_tokens,
         batch_type="tokens",
         max_input_length=0,  # sources are cut to the model's limit already, never at 1024
@@ -439,21 +477,22 @@ def _ct2_alpha(decode: DecodeConfig) -> float:
 def _tf_hypotheses(translator, tokenizer, source, result, limit, decode) -> list[Hypothesis]:
     """CTranslate2's hypotheses with tf's scores, best first by them.
 
-    CTranslate2 scores log P / |Y| ** alpha, and tf GNMT's log P / ((5 + |Y|) / 6) ** alpha
-    (greedy: log P), log P and |Y| counting the EOS (`Hypothesis.log_prob` is that sum). A
-    hypothesis cut at the length limit has no EOS in CTranslate2, where tf forces one and counts
-    its log-probability: those few are scored again, with EOS, by CTranslate2's forced decoding.
+    CTranslate2 scores log P / |Y| ** alpha, and tf log P / lp(|Y|) (`decode.length_penalty_form`:
+    GNMT's ((5 + |Y|) / 6) ** alpha, or CTranslate2's own; greedy: log P), log P and |Y|
+    counting the EOS (`Hypothesis.log_prob` is that sum). A hypothesis cut at the length limit
+    has no EOS in CTranslate2, where tf forces one and counts its log-probability (unless
+    `decode.score_forced_eos` is false): those few are scored again, with EOS, by CTranslate2's
+    forced decoding.
     """
-    alpha = 0.0 if is_greedy(decode) else decode.length_penalty
+    lp = LengthPenalty(0.0) if is_greedy(decode) else length_penalty(decode)
     hyps = []
     for pieces, score in zip(result.hypotheses, result.scores):
         if len(pieces) >= limit:
             (forced,) = translator.score_batch([source], [pieces], max_input_length=0)
-            log_prob = sum(forced.log_probs)
+            counted = forced.log_probs if decode.score_forced_eos else forced.log_probs[:-1]
+            log_prob = sum(counted)
         else:
             log_prob = score * (len(pieces) + 1) ** _ct2_alpha(decode)
-        tf_score = (
-            log_prob if alpha == 0 else log_prob / gnmt_length_penalty(len(pieces) + 1, alpha)
-        )
+        tf_score = log_prob / lp(len(pieces) + 1)
         hyps.append(Hypothesis(tokenizer.tgt_piece_ids(pieces), tf_score, log_prob))
     return sorted(hyps, key=lambda h: h.score, reverse=True)  # stable: ties keep their order

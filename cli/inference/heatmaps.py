@@ -33,6 +33,23 @@ class AttentionOptions:
     head: int | None = None
 
 
+def attention_options(
+    directory: Path | None, layer: int | None, head: int | None
+) -> AttentionOptions | None:
+    """`--attention DIR` with `--attention-layer` (None: the last) and `--attention-head`; None
+    without DIR, which a layer or head given alone needs (else ignored without a word).
+
+    Raises:
+        InputError: naming the flag given without --attention.
+    """
+    if directory is None:
+        for flag, value in (("--attention-layer", layer), ("--attention-head", head)):
+            if value is not None:
+                raise InputError(f"{flag} needs --attention DIR: it chooses what that draws")
+        return None
+    return AttentionOptions(directory, -1 if layer is None else layer, head)
+
+
 def prepare_attention(options: AttentionOptions, config: ModelConfig) -> None:
     """Before anything is translated: check the layer, the head and matplotlib, make the folder.
 

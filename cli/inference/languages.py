@@ -10,26 +10,18 @@ languages, for the model would pick one at random.
 
 from __future__ import annotations
 
-import re
+from dataclasses import replace
 
 from cli.config import Config
+from data.config import with_directions
 from data.errors import InputError
 from data.tokenizer import Tokenizer
 
-_MARIAN_TOKEN = re.compile(r">>([^\s<>]+)<<")
 
-
-def target_languages(config: Config, tokenizer: Tokenizer) -> dict[str, str]:
-    """{language: its token} a model chooses between; empty for a one-way model.
-
-    A `tf` run's come from its corpora (`data.lang_tokens`); an imported multilingual OPUS-MT
-    model has no corpora but its tokenizer's `>>xxx<<` pieces. A run trained on corpora says
-    what it translates into: its `>>xxx<<` tags (`>>bt<<`, say) are no languages."""
-    tokens = config.data.lang_tokens()
-    if tokens or config.data.corpora():
-        return tokens
-    marian = {m.group(1): tag for tag in tokenizer.tags if (m := _MARIAN_TOKEN.fullmatch(tag))}
-    return marian if len(marian) > 1 else {}
+def with_languages(config: Config, tokenizer: Tokenizer) -> Config:
+    """`config` with what its model translates recorded (`data.config.with_directions`: an
+    older import's languages are its tokenizer's `>>xxx<<` pieces)."""
+    return replace(config, data=with_directions(config.data, tokenizer.tags))
 
 
 def check_to(to: str, languages: dict[str, str], config: Config, where: str) -> None:
@@ -46,10 +38,10 @@ def check_to(to: str, languages: dict[str, str], config: Config, where: str) -> 
             raise InputError(
                 f"{where}: the model translates into {', '.join(languages)}, not {to!r}"
             )
-    elif to != config.data.tgt_lang and config.data.tgt_lang != "tgt":  # "tgt": not known
-        raise InputError(  # (an imported model whose card named no languages)
-            f"{where}: the model translates into {config.data.tgt_lang} only, not {to!r}"
-        )
+        return
+    (target,) = config.data.target_langs()  # one-way: one target language
+    if to != target and target != "tgt":  # "tgt": an imported model whose card named none
+        raise InputError(f"{where}: the model translates into {target} only, not {to!r}")
 
 
 def with_language(

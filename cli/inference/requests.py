@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from data.errors import InputError
+from data.text import nul_problem
 from data.tokenizer import Tokenizer
 
 FIELDS = ("text", "prefix", "constraints", "to")
@@ -67,11 +68,13 @@ def request_of(item: object, where: str) -> Request:
 
 def _text(text: str, where: str) -> str:
     """One line of text: its white space collapsed; a lone surrogate (JSON's "\\ud800") refused,
-    for no tokenizer takes it."""
+    for no tokenizer takes it, and a NUL (JSON's "\\u0000"), as every reader of text does."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         raise ValueError(f"{where}: a lone surrogate at character {e.start}") from None
+    if "\0" in text:
+        raise ValueError(nul_problem(where))
     return " ".join(text.split())
 
 
@@ -121,6 +124,16 @@ def encode_guide(
         raise InputError(
             f"{where}: CTranslate2 has no lexical constraints; translate with the run itself"
         )
+    for what, text in [
+        ("prefix", request.prefix),
+        *(("constraint", c) for c in request.constraints),
+    ]:
+        reserved = [tag for tag in tokenizer.tags if tag in text]
+        if reserved:  # the piece would be copied into the translation as it is
+            raise InputError(
+                f"{where}: the {what} {text!r} holds {reserved[0]}, a reserved piece (a tag or "
+                "target-language token) that no translation holds"
+            )
     prefix, *phrases = tokenizer.encode_tgt([request.prefix, *request.constraints])
     if tokenizer.unk_id in prefix:  # it would come out as " ⁇ "
         raise InputError(f"{where}: the prefix {request.prefix!r} has pieces the tokenizer lacks")

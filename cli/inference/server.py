@@ -28,6 +28,7 @@ from cli.inference.decoding import source_ids
 from cli.inference.engines import Engine, Search, check_found, length_limit
 from cli.inference.languages import check_to
 from cli.inference.requests import Guide, Request, encode_guide, request_of
+from data.config import direction_of
 from data.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -266,12 +267,15 @@ def build_app(
 
 def health_fields(engine: Engine, name: str, engine_kind: str, limits: Limits) -> dict:
     """What /health says is served."""
-    data = engine.config.data
+    chosen = not engine.languages or engine.to  # a direction served by default
     return {
         "model": shown_name(name),
         "engine": engine_kind,
-        "src_lang": data.src_lang,
-        "tgt_lang": data.tgt_lang,
+        # The direction a request without "to" is translated in (none: a multilingual model
+        # asked for no --to), and every direction the model translates.
+        "src_lang": engine.reads() if chosen else None,
+        "tgt_lang": (engine.to or engine.config.data.target_langs()[0]) if chosen else None,
+        "directions": [direction_of(*way) for way in engine.config.data.translates()],
         "languages": list(engine.languages),  # a multilingual model's: a request's "to"
         "beam": engine.config.decode.beam_size,
         "max_lines": limits.max_lines,

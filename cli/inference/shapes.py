@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from data.batching import Batch
+from data.batching import Batch, padded_width
 from model.packed import is_packed
 
 WIDTH_MULTIPLE = 8  # source columns, rounded up to a multiple of this
@@ -41,12 +41,13 @@ def shapes_matter(model, device: torch.device) -> bool:
     return device.type == "cpu" and (torch.is_autocast_enabled("cpu") or is_packed(model))
 
 
-def pad_batch(batch: Batch) -> tuple[Tensor, Tensor]:
+def pad_batch(batch: Batch, max_positions: int) -> tuple[Tensor, Tensor]:
     """The batch's sources (B, S) and padding mask as (bucket(B), S') with S' a multiple of
-    WIDTH_MULTIPLE: the new columns are padding, the new rows copies of the last source."""
+    WIDTH_MULTIPLE, or the model's `max_positions` where that is less: the new columns are
+    padding, the new rows copies of the last source."""
     src, mask = batch.src, batch.src_pad_mask
     B, S = src.shape
-    rows, width = bucket(B) - B, -(-S // WIDTH_MULTIPLE) * WIDTH_MULTIPLE - S
+    rows, width = bucket(B) - B, padded_width(S, WIDTH_MULTIPLE, max_positions) - S
     if width:
         src = torch.nn.functional.pad(src, (0, width), value=0)
         mask = torch.nn.functional.pad(mask, (0, width), value=True)

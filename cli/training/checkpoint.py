@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from cli.config import Config, ConfigError, check_config, from_dict
+from cli.config import Config, ConfigError, DecodeConfig, check_config, from_dict
 from cli.training.run import RunDir
-from data.config import VOCABULARY_SETTINGS, DataConfig
+from data.config import (
+    VOCABULARY_SETTINGS,
+    DataConfig,
+    corpus_name,
+    direction_of,
+    with_directions,
+)
 from data.files import atomic_output
 from data.tokenizer import Tokenizer, read_tokenizer_settings
 from model.transformer import Transformer
@@ -80,6 +86,14 @@ def resolve_checkpoint(run_or_checkpoint: str | Path) -> tuple[Path, RunDir]:
         for name in ("best.pt", "last.pt"):
             if (run.checkpoints / name).is_file():
                 return run.checkpoints / name, run
+        weights = ("model.safetensors", "pytorch_model.bin")
+        if (p / "config.json").is_file() and any(
+            (p / name).is_file() or (p / f"{name}.index.json").is_file() for name in weights
+        ):  # what `save_pretrained` writes
+            raise CheckpointError(
+                f"{p}: a Hugging Face model (config.json and its weights), not a tf run: "
+                f"`tf import {p} -o RUN` makes it one"
+            )
         raise CheckpointError(f"{p}: no checkpoints/best.pt or checkpoints/last.pt in this run")
     if not p.exists():
         raise CheckpointError(f"{p}: no such run directory or checkpoint")
@@ -130,14 +144,27 @@ def with_init(config: Config) -> Config:
     ckpt = load_checkpoint(path)
     init = config_from_checkpoint(ckpt, path)
     tokenizer = init_tokenizer(config, ckpt, path, run)
-    check_keeps_tokenizer(config.data, tokenizer, path)
     shapes = {name: getattr(init.model, name) for name in INIT_SHAPES}
     # The run adopts that tokenizer (data.tokenizer); joint_vocab then says what it is, as the
-    # check of tie_embeddings "all" needs; and it translates in the model's direction.
+    # check of tie_embeddings "all" needs; and it translates what the model translates.
     data = replace(config.data, tokenizer=str(tokenizer.directory), joint_vocab=tokenizer.joint)
-    data = replace(data, **init_languages(config.data, init.data, path))
-    merged = replace(config, model=replace(config.model, **shapes), data=data)
+    data = init_languages(data, with_directions(init.data, tokenizer.tags), path)
+    check_keeps_tokenizer(data, tokenizer, path)
+    decode = init_decode(config.decode, init.decode)
+    merged = replace(config, model=replace(config.model, **shapes), data=data, decode=decode)
     return check_config(merged, f"the config with train.init {path}")
+
+
+def init_decode(ours: DecodeConfig, theirs: DecodeConfig) -> DecodeConfig:
+    """The model's own decode settings (an import's generation settings, a run's recipe), but
+    for those the config sets: a value other than the default wins."""
+    default = DecodeConfig()
+    kept = {
+        f.name: getattr(theirs, f.name)
+        for f in fields(DecodeConfig)
+        if getattr(ours, f.name) == getattr(default, f.name)
+    }
+    return replace(ours, **kept)
 
 
 def init_tokenizer(config: Config, ckpt: dict[str, Any], path: Path, run: RunDir) -> Tokenizer:
@@ -154,17 +181,42 @@ def init_tokenizer(config: Config, ckpt: dict[str, Any], path: Path, run: RunDir
     return tokenizer
 
 
-def init_languages(d: DataConfig, init: DataConfig, path: Path) -> dict[str, str]:
-    """The languages of `train.init`'s model (its config's), which a config that names none
-    (the defaults) takes; other ones are a ConfigError: the weights translate one way."""
-    theirs = (init.src_lang, init.tgt_lang)
-    ours = (d.src_lang, d.tgt_lang)
-    if ours not in (theirs, (DataConfig.src_lang, DataConfig.tgt_lang)):
-        raise ConfigError(
-            f"data.src_lang/tgt_lang {'->'.join(ours)}: train.init {path} translates "
-            f"{'->'.join(theirs)}, and fine-tuning keeps its direction"
-        )
-    return {"src_lang": theirs[0], "tgt_lang": theirs[1]}
+def init_languages(d: DataConfig, init: DataConfig, path: Path) -> DataConfig:
+    """`d` translating what `train.init`'s model translates (`DataConfig.translates`) besides
+    its own corpora: its directions recorded (a multilingual model tuned on one direction
+    keeps the others, and their tokens), its languages the default of corpora that name none.
+
+    A corpus may read another source language (transfer: an es->en model tuned on pt->en),
+    but write only into a language the model writes: its decoder learned those alone.
+
+    Raises:
+        ConfigError: a corpus into a language the model does not translate into, or another
+            form of target-language token than the model's.
+    """
+    ways = init.translates()  # a one-way model's direction is its corpora's, not its defaults
+    src, tgt = ways[0] if len(ways) == 1 else (init.src_lang, init.tgt_lang)
+    if d.src_lang == DataConfig.src_lang:  # (a setting left at its default)
+        d = replace(d, src_lang=src)
+    if d.tgt_lang == DataConfig.tgt_lang:
+        d = replace(d, tgt_lang=tgt)
+    if init.lang_tokens():  # its tokens are pieces of its tokenizer, in its form
+        if d.lang_token not in (init.lang_token, DataConfig.lang_token):
+            raise ConfigError(
+                f"data.lang_token {d.lang_token!r}: train.init {path} writes its "
+                f"target-language tokens as {init.lang_token!r}, which fine-tuning keeps"
+            )
+        d = replace(d, lang_token=init.lang_token)
+    targets = init.target_langs()
+    for i, c in enumerate(d.corpora()):
+        src, tgt = d.direction(c)
+        if tgt not in targets:
+            raise ConfigError(
+                f"{corpus_name(d, i)} ({c.corpus}) translates {src}->{tgt}: train.init {path} "
+                f"translates into {', '.join(targets)}, and fine-tuning keeps the languages a "
+                "model writes (name the corpus's languages: src_lang, tgt_lang, reverse)"
+            )
+    recorded = [direction_of(*way) for way in init.translates()]
+    return replace(d, directions=list(dict.fromkeys([*recorded, *d.directions])))
 
 
 def check_keeps_tokenizer(d: DataConfig, tokenizer: Tokenizer, path: Path) -> None:
@@ -204,7 +256,11 @@ def load_weights(model: Transformer, ckpt: dict[str, Any], path: Path, key: str 
 def build_model(config: Config, tokenizer: Tokenizer) -> Transformer:
     try:
         return Transformer(
-            config.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id
+            config.model,
+            tokenizer.src_vocab_size,
+            tokenizer.tgt_vocab_size,
+            tokenizer.pad_id,
+            tokenizer.src_pad_id,
         )
     except ValueError as e:  # e.g. tie_embeddings "all" with a tokenizer of two vocabularies
         raise ConfigError(f"{tokenizer.directory}: {e}") from None

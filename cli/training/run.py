@@ -94,6 +94,7 @@ FIXED_ON_RESUME = (
     "data.train",
     "data.src_lang",
     "data.tgt_lang",
+    "data.directions",  # its target-language tokens are pieces of the tokenizer
     "data.vocab_size",
     "data.tokenizer_type",
     "data.joint_vocab",

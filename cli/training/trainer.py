@@ -110,6 +110,23 @@ def batch_loss(net: torch.nn.Module, batch: Batch, label_smoothing: float) -> tu
     )
 
 
+def check_same_corpora(recorded: dict[str, str] | None, found: dict[str, str], path: Path) -> None:
+    """A resumed run's corpora hold the pairs its checkpoint's batches were cut from (a
+    checkpoint from before corpora were recorded: not checked).
+
+    Raises:
+        TrainingError: naming the first corpus whose pairs changed.
+    """
+    for name, digest in (recorded or {}).items():
+        if found.get(name) != digest:
+            raise TrainingError(
+                f"{name}: its pairs, as cleaned and encoded, are not those {path} was trained "
+                "on (the file, or a dev or test set cleaning holds it against, changed since the "
+                "run started); a resumed run continues its batches of the same pairs: restore "
+                "them, or start a new run from this one's weights (--init)"
+            )
+
+
 class Trainer:
     """Holds the model, optimiser, data and run directory of one training session."""
 
@@ -227,6 +244,7 @@ class Trainer:
             "progress": asdict(p),
             "config": self.config.to_dict(),
             "tokenizer_digest": self.tokenizer.digest(),
+            "corpora": self.data.digests,
             "world_size": self.dist.world_size,
         }
 
@@ -272,6 +290,7 @@ class Trainer:
             raise TrainingError(
                 f"{path}: was trained with another tokenizer than {self.run.tokenizer}"
             )
+        check_same_corpora(ckpt.get("corpora"), self.data.digests, path)
         self.model.load_state_dict(ckpt.get("train_model", ckpt["model"]))
         if self.average:  # a run without one starts its average from the trained weights
             self.average.model.load_state_dict(ckpt["model"])
@@ -454,12 +473,24 @@ class Trainer:
         """Scale the (checked, finite) gradients, take the optimiser and schedule step, fold the
         new weights into the average."""
         torch._foreach_mul_(grads, scale)
+        self.hold_start_row()
         self.optimizer.step()  # gradients checked before, so GradScaler.step's check is not needed
         self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.average:
             self.average.update(self.progress.step + 1)
+
+    def hold_start_row(self) -> None:
+        """A decoder that starts from pad (`model.decoder_start`) starts from that row of the
+        target embeddings, zero from the start (Marian's decoder starts from a zero vector,
+        which CTranslate2's converter assumes): no gradient reaches it, so it stays zero. A
+        tied output layer would give it the pad logit's, which this drops."""
+        if self.config.model.decoder_start != "pad":
+            return
+        weight = self.model.tgt_embed.token.weight
+        if weight.grad is not None:
+            weight.grad[self.model.pad_id].zero_()
 
     # -- validation
 
