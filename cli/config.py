@@ -318,13 +318,14 @@ POSITIVE = (
     "train.log_every train.dist_timeout decode.beam_size decode.nbest decode.max_tokens"
 ).split()  # warmup_steps 0 would divide by zero (noam) or leave the lr at 0 (inverse_sqrt)
 NON_NEGATIVE = (
-    "train.max_steps train.max_epochs train.max_time train.weight_decay train.clip_norm "
-    "train.eval_every train.eval_bleu_sentences train.patience train.save_every train.keep_last "
-    "decode.max_len_a decode.max_len_b decode.min_len decode.no_repeat_ngram_size decode.patience"
+    "model.position_offset train.max_steps train.max_epochs train.max_time train.weight_decay "
+    "train.clip_norm train.eval_every train.eval_bleu_sentences train.patience train.save_every "
+    "train.keep_last decode.max_len_a decode.max_len_b decode.min_len "
+    "decode.no_repeat_ngram_size decode.patience"
 ).split()
 FRACTIONS = (  # in [0, 1)
-    "model.dropout model.attention_dropout model.activation_dropout train.label_smoothing "
-    "train.ema_decay"
+    "model.dropout model.attention_dropout model.activation_dropout model.encoder_layerdrop "
+    "model.decoder_layerdrop train.label_smoothing train.ema_decay"
 ).split()
 
 
@@ -350,9 +351,10 @@ def check_config(config: Config, source: str) -> Config:
             fail(f"{key} must be in [0, 1), got {values[key]!r}")
     d, m, t, dec = config.data, config.model, config.train, config.decode
     check_data(d, fail)
-    if d.directions and d.corpora() and not t.init:
+    if (d.directions or d.languages) and d.corpora() and not t.init:
+        key = "data.directions" if d.directions else "data.languages"
         fail(
-            "data.directions records what a model translates besides its corpora (`tf train "
+            f"{key} records what a model translates besides its corpora (`tf train "
             "--init` and `tf import` write it); a run trained from scratch translates what its "
             "corpora train: remove it"
         )
@@ -373,6 +375,8 @@ def check_config(config: Config, source: str) -> Config:
         fail(f"model.d_model {m.d_model} is not divisible by model.n_heads {m.n_heads}")
     if m.d_model % 2:
         fail(f"model.d_model {m.d_model} must be even (sine and cosine positions in pairs)")
+    if m.positions == "fairseq" and m.d_model < 4:  # its frequencies divide by D/2 - 1
+        fail(f"model.positions 'fairseq' needs model.d_model 4 or more, got {m.d_model}")
     if m.tie_embeddings == "all" and not d.joint_vocab:
         fail("model.tie_embeddings 'all' needs data.joint_vocab: true (one shared vocabulary)")
     if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):

@@ -65,6 +65,27 @@ To = Annotated[
         show_default=False,
     ),
 ]
+Attention = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option(help="Write DIR/NNNN.png: each line's cross-attention (needs matplotlib)."),
+]
+AttentionLayer = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(help="Decoder layer drawn by --attention [-1: the last].", show_default=False),
+]
+AttentionHead = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(help="Head drawn by --attention (default: the mean over heads)."),
+]
+From = Annotated[
+    str,
+    typer.Option(
+        "--from",
+        help="Source language, for a model that reads it (NLLB, M2M100, mBART-50: fra_Latn, "
+        "fr, fr_XX); a line starting with a language token keeps it.",
+        show_default=False,
+    ),
+]
 
 
 def user_errors(fn):
@@ -180,18 +201,10 @@ def translate(
     device: Device = "auto",
     int8: Int8 = False,
     to: To = "",
-    attention: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(help="Write DIR/NNNN.png: each line's cross-attention (needs matplotlib)."),
-    ] = None,
-    attention_layer: Annotated[
-        Optional[int],  # noqa: UP045
-        typer.Option(help="Decoder layer drawn by --attention [-1: the last].", show_default=False),
-    ] = None,
-    attention_head: Annotated[
-        Optional[int],  # noqa: UP045
-        typer.Option(help="Head drawn by --attention (default: the mean over heads)."),
-    ] = None,
+    frm: From = "",
+    attention: Attention = None,
+    attention_layer: AttentionLayer = None,
+    attention_head: AttentionHead = None,
 ) -> None:
     """Translate raw text line by line (stdin to stdout by default)."""
     from cli.commands.translate import run_translate
@@ -211,6 +224,7 @@ def translate(
         int8=int8,
         input_format=input_format,
         to=to,
+        frm=frm,
     )
 
 
@@ -236,6 +250,7 @@ def eval_(
     json: Annotated[bool, typer.Option("--json", help="One JSON object for pipelines.")] = False,
     int8: Int8 = False,
     to: To = "",
+    frm: From = "",
 ) -> None:
     """Translate and score with sacrebleu: corpus BLEU and chrF, with signatures."""
     from cli.commands.evaluate import check_hyp_alone, run_eval
@@ -246,9 +261,9 @@ def eval_(
     if hyp is not None:
         given = {"RUN": bool(runs), "--src": src is not None, "--beam": beam is not None}
         given |= {"--greedy": greedy, "--lenpen": lenpen is not None, "--set": bool(set_)}
-        check_hyp_alone(given | {"--int8": int8, "--to": bool(to)})
+        check_hyp_alone(given | {"--int8": int8, "--to": bool(to), "--from": bool(frm)})
     overrides = decode_overrides(beam, greedy, None, lenpen, set_ or [])
-    typer.echo(run_eval(runs, src, ref, hyp, overrides, device, limit, json, int8, to))
+    typer.echo(run_eval(runs, src, ref, hyp, overrides, device, limit, json, int8, to, frm))
 
 
 @app.command()
@@ -282,6 +297,7 @@ def serve(
         ),
     ] = 0,
     to: To = "",
+    frm: From = "",
 ) -> None:
     """Translate over HTTP: POST /translate {"text": [...], "beam": 5, "to": "en"}, GET /health,
     a page at /."""
@@ -292,7 +308,7 @@ def serve(
         raise InputError(f"--max-wait must be 0 or more, got {max_wait}")
     overrides = decode_overrides(beam, False, None, None, set_ or [])
     limits = Limits(max_lines, max_wait / 1000, max_queue, timeout, workers)
-    run_serve(run, host, port, overrides, device, int8, limits, to)
+    run_serve(run, host, port, overrides, device, int8, limits, to, frm)
 
 
 @app.command()
@@ -351,13 +367,14 @@ def distill(
         ),
     ] = None,
     to: To = "",
+    frm: From = "",
 ) -> None:
     """Sequence-level distillation data: the teacher translates its training sources."""
     from cli.commands.distill import run_distill
     from cli.inference.decoding import decode_overrides
 
     overrides = decode_overrides(beam, False, None, lenpen, set_ or [])
-    typer.echo(run_distill(teacher, out, overrides, device, corpus or [], to))
+    typer.echo(run_distill(teacher, out, overrides, device, corpus or [], to, frm))
 
 
 @app.command()
@@ -374,13 +391,14 @@ def backtranslate(
     set_: DecodeSet = None,
     device: Device = "auto",
     to: To = "",
+    frm: From = "",
 ) -> None:
     """Synthetic pairs from monolingual text: a reverse model translates it (resumable)."""
     from cli.commands.backtranslate import run_backtranslate
     from cli.inference.decoding import decode_overrides
 
     overrides = decode_overrides(beam, greedy, None, lenpen, set_ or [])
-    typer.echo(run_backtranslate(run, mono, out, overrides, device, to))
+    typer.echo(run_backtranslate(run, mono, out, overrides, device, to, frm))
 
 
 @app.command()
@@ -392,13 +410,14 @@ def compare(
     limit: Annotated[int, typer.Option(help="Only the first N lines (0: all).")] = 0,
     device: Device = "auto",
     to: To = "",
+    frm: From = "",
 ) -> None:
     """Models side by side: parameters, BLEU/chrF at beam 5, beam-5 and greedy speed."""
     from cli.commands.compare import run_compare
 
     if limit < 0:
         raise InputError(f"--limit must be 0 (all) or more, got {limit}")
-    typer.echo(run_compare(runs, src, ref, device, limit, to))
+    typer.echo(run_compare(runs, src, ref, device, limit, to, frm))
 
 
 @app.command()

@@ -59,10 +59,19 @@ class DataConfig:
     # fine-tuned on one direction keeps the others, and their tokens), `tf import` the imported
     # model's. Empty: its corpora's alone.
     directions: list[str] = field(default_factory=list)
-    # A run whose corpora have more than one target language is multilingual: every source
-    # starts with the token of its target language, this with {lang} filled in ("<2en>";
-    # ">>{lang}<<" gives OPUS-MT's ">>en<<"), one reserved piece per language.
+    # The languages a many-to-many model reads and writes, any into any, besides its
+    # directions: an imported NLLB-200's 202 codes (`tf import` records them). Empty: none.
+    languages: list[str] = field(default_factory=list)
+    # A language's token: this with {lang} filled in ("<2en>"; ">>{lang}<<" gives OPUS-MT's
+    # ">>en<<"; an imported model's own codes: "{lang}" for NLLB's fra_Latn, "__{lang}__" for
+    # M2M100's __fr__), one reserved piece per language.
     lang_token: str = "<2{lang}>"
+    # Where the token of the language to write goes. "source": first in the source, in a run
+    # with more than one target language (Johnson et al., 2017; OPUS-MT). "target": the source
+    # starts with its own language's token and the decoder's first token after its start is
+    # the target language's, forced (NLLB-200, M2M100, mBART-50: `forced_bos_token_id`), in
+    # every run.
+    lang_token_side: Literal["source", "target"] = "source"
     # The SentencePiece model a run trains (unless `tokenizer` names one to use).
     vocab_size: int = 8000
     tokenizer_type: Literal["bpe", "unigram"] = "bpe"
@@ -98,52 +107,81 @@ class DataConfig:
             return [SetConfig(self.test)] if self.test else []
         return list(self.test)
 
-    def languages(self, s: SetConfig) -> tuple[str, str]:
+    def file_languages(self, s: SetConfig) -> tuple[str, str]:
         """The languages of `s`'s files: (source, target) before any reversing."""
         return s.src_lang or self.src_lang, s.tgt_lang or self.tgt_lang
 
     def direction(self, s: SetConfig) -> tuple[str, str]:
         """(source, target) language of the pairs `s` gives, reversed if it says so."""
-        src, tgt = self.languages(s)
+        src, tgt = self.file_languages(s)
         return (tgt, src) if s.reverse else (src, tgt)
 
     def translates(self) -> list[tuple[str, str]]:
         """The (source, target) directions of the model, each once, in order: those recorded
-        (`directions`), then its training corpora's; a model with neither (imported before
-        directions were recorded) data.src_lang -> data.tgt_lang. The one place every command
-        learns what a run translates."""
+        (`directions`), then its training corpora's; a model with neither (and no
+        `languages`: imported before directions were recorded) data.src_lang ->
+        data.tgt_lang. The one place every command learns what a run translates, with
+        `languages` (a many-to-many model's: any into any)."""
         ways = [parse_direction(way) for way in self.directions]
         ways += [self.direction(c) for c in self.corpora()]
-        return list(dict.fromkeys(ways)) or [(self.src_lang, self.tgt_lang)]
+        if ways or self.languages:
+            return list(dict.fromkeys(ways))
+        return [(self.src_lang, self.tgt_lang)]
 
     def target_langs(self) -> list[str]:
         """The languages the model translates into, each once, in order."""
-        return list(dict.fromkeys(tgt for _, tgt in self.translates()))
+        return list(dict.fromkeys([*(tgt for _, tgt in self.translates()), *self.languages]))
+
+    def source_langs(self) -> list[str]:
+        """The languages the model reads, each once, in order."""
+        return list(dict.fromkeys([*(src for src, _ in self.translates()), *self.languages]))
 
     def sources_into(self, target: str) -> list[str]:
         """The languages the model reads to write `target`: its training corpora's into it
         where it has any (a fine-tuned model's are the ones it was tuned on), else those of
-        every direction into it."""
+        every direction into it, else (a many-to-many model's) all it reads."""
         trained = [self.direction(c)[0] for c in self.corpora() if self.direction(c)[1] == target]
         every = [src for src, tgt in self.translates() if tgt == target]
-        return list(dict.fromkeys(trained or every))
+        into = trained or every or (self.languages if target in self.languages else [])
+        return list(dict.fromkeys(into))
 
     def lang_tokens(self) -> dict[str, str]:
-        """{language: its token} of a multilingual run (more than one target language); empty
-        for a run with one, whose sources need no token."""
+        """{language: its token} of the languages the model writes, where a token says which
+        to write: a run with more than one target language, or (`lang_token_side: target`)
+        every run; empty for a one-way run of source-side tokens, whose sources need none."""
         langs = self.target_langs()
-        return {lang: lang_token(self.lang_token, lang) for lang in langs} if len(langs) > 1 else {}
+        if self.lang_token_side == "source" and len(langs) < 2:
+            return {}
+        return {lang: lang_token(self.lang_token, lang) for lang in langs}
+
+    def source_tokens(self) -> dict[str, str]:
+        """{language: its token} of the languages the model reads, where the source says its
+        own language (`lang_token_side: target`); else empty."""
+        if self.lang_token_side == "source":
+            return {}
+        return {lang: lang_token(self.lang_token, lang) for lang in self.source_langs()}
 
     def source_prefix(self, s: SetConfig) -> list[str]:
-        """The pieces put before each source of `s`: its target-language token (multilingual
-        runs), then its corpus tag."""
-        token = self.lang_tokens().get(self.direction(s)[1])
+        """The pieces put before each source of `s`: the token of its target language
+        (`lang_token_side: source`, multilingual runs) or of its own, then its corpus tag."""
+        src, tgt = self.direction(s)
+        token = self.source_tokens().get(src) or (
+            self.lang_tokens().get(tgt) if self.lang_token_side == "source" else None
+        )
         return [t for t in (token, s.tag) if t]
 
+    def target_prefix(self, s: SetConfig) -> list[str]:
+        """The pieces each target of `s` starts with: its language's token where the decoder
+        writes it first (`lang_token_side: target`); else none."""
+        if self.lang_token_side == "source":
+            return []
+        return [self.lang_tokens()[self.direction(s)[1]]]
+
     def tags(self) -> list[str]:
-        """The reserved source pieces, each once, in order (the tokenizer reserves them): the
-        target-language tokens, then the training corpora's tags."""
-        tags = [*self.lang_tokens().values(), *(c.tag for c in self.corpora() if c.tag)]
+        """The reserved pieces, each once, in order (the tokenizer reserves them): the language
+        tokens, then the training corpora's tags."""
+        tokens = [*self.lang_tokens().values(), *self.source_tokens().values()]
+        tags = [*tokens, *(c.tag for c in self.corpora() if c.tag)]
         return list(dict.fromkeys(tags))
 
 
@@ -223,7 +261,7 @@ def check_tags(d: DataConfig, fail: Callable[[str], None]) -> None:
     run's target-language tokens: those the run puts itself where a corpus's target language
     asks for one, and a corpus tagged with one as well would train on it twice. A dev or test
     set's tag is one of the training corpora's (a piece the tokenizer reserves)."""
-    tokens = {token: lang for lang, token in d.lang_tokens().items()}
+    tokens = {token: lang for lang, token in {**d.source_tokens(), **d.lang_tokens()}.items()}
     trained = [c.tag for c in d.corpora() if c.tag]
     listed = [(corpus_name(d, i), c) for i, c in enumerate(d.corpora())]
     listed += [(f"data.dev[{i}]", s) for i, s in enumerate(d.dev_sets())]
@@ -256,7 +294,10 @@ def check_data(d: DataConfig, fail: Callable[[str], None]) -> None:
         fail(f"data.vocab_size must be 8 or more, got {d.vocab_size}")
     if not 0 < d.character_coverage <= 1:
         fail(f"data.character_coverage must be in (0, 1], got {d.character_coverage}")
-    if "{lang}" not in d.lang_token or not is_tag(lang_token(d.lang_token, "xx")):
+    # An imported model's own codes (NLLB's fra_Latn: "{lang}") are its tokenizer's special
+    # pieces; a SentencePiece model tf trains reserves a token, which no text may then hold.
+    own_codes = d.tokenizer or not d.corpora()
+    if "{lang}" not in d.lang_token or not (own_codes or is_tag(lang_token(d.lang_token, "xx"))):
         fail(
             f"data.lang_token {d.lang_token!r} must hold {{lang}} and make a piece no text "
             'holds: "<2{lang}>" or ">>{lang}<<"'
@@ -268,12 +309,15 @@ def check_data(d: DataConfig, fail: Callable[[str], None]) -> None:
     listed += [(f"data.dev[{i}]", s) for i, s in enumerate(d.dev_sets())]
     listed += [(f"data.test[{i}]", s) for i, s in enumerate(d.test_sets())]
     for where, s in listed:
-        src, tgt = d.languages(s)
+        src, tgt = d.file_languages(s)
         for lang in (src, tgt):
             if not LANGUAGE_CODE.fullmatch(lang):
                 fail(f"{where}: language {lang!r} must be a code of letters, digits, _ or -")
         if src == tgt and s.corpus:  # (no corpus: an imported many-to-many model, gem-gem)
             fail(f"{where}: source and target language are both {src!r}")
+    for i, lang in enumerate(d.languages):
+        if not LANGUAGE_CODE.fullmatch(lang):
+            fail(f"data.languages[{i}] {lang!r} must be a code of letters, digits, _ or -")
     for i, way in enumerate(d.directions):
         src, tgt = parse_direction(way)
         if not (LANGUAGE_CODE.fullmatch(src) and LANGUAGE_CODE.fullmatch(tgt)):

@@ -28,7 +28,13 @@ import sentencepiece as spm
 
 from data.errors import InputError
 from data.files import read_json_object
-from data.tokenizer import THREADS, Tokenizer, load_sentencepiece
+from data.tokenizer_base import (
+    THREADS,
+    BaseTokenizer,
+    load_sentencepiece,
+    pieces_by_id,
+    read_vocabulary,
+)
 
 SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
 VOCAB, TARGET_VOCAB, TOKENIZER_CONFIG = "vocab.json", "target_vocab.json", "tokenizer_config.json"
@@ -41,10 +47,11 @@ def is_marian_tokenizer(directory: Path) -> bool:
     return (directory / SOURCE_SPM).is_file() or (directory / VOCAB).is_file()
 
 
-class MarianTokenizer(Tokenizer):
-    """`Tokenizer`'s interface over Marian's files (see the module docstring).
+class MarianTokenizer(BaseTokenizer):
+    """The tokenizer interface (`data.tokenizer_base`) over Marian's files (see the module
+    docstring).
 
-    Attributes (besides `Tokenizer`'s): bos_id is None (Marian has no BOS); separate: the
+    Attributes (besides `BaseTokenizer`'s): bos_id is None (Marian has no BOS); separate: the
     target side has a vocabulary of its own (`joint` is then False); pad_id, eos_id, unk_id:
     the target vocabulary's, src_pad_id, src_eos_id, src_unk_id the source's (the same ids
     unless two vocabularies give them others).
@@ -64,9 +71,9 @@ class MarianTokenizer(Tokenizer):
         self._paths = [directory / name for name in names]
         self._src = load_sentencepiece(directory / SOURCE_SPM)
         self._tgt = load_sentencepiece(directory / TARGET_SPM)
-        self.src_vocab = _read_vocabulary(directory / VOCAB)
+        self.src_vocab = read_vocabulary(directory / VOCAB)
         self.tgt_vocab = (
-            _read_vocabulary(directory / TARGET_VOCAB) if self.separate else self.src_vocab
+            read_vocabulary(directory / TARGET_VOCAB) if self.separate else self.src_vocab
         )
         self.joint = not self.separate
         src_ids = _special_ids(self.src_vocab, directory / VOCAB)
@@ -78,11 +85,12 @@ class MarianTokenizer(Tokenizer):
         self._src_pad_id = src_ids["pad_id"]
         self.bos_id = None
         self.src_vocab_size, self.tgt_vocab_size = len(self.src_vocab), len(self.tgt_vocab)
-        self._src_pieces = _pieces_by_id(self.src_vocab)
-        self._tgt_pieces = _pieces_by_id(self.tgt_vocab)
+        self._src_pieces = pieces_by_id(self.src_vocab)
+        self._tgt_pieces = pieces_by_id(self.tgt_vocab)
         # The target-language tokens of a multilingual model (transformers lists them only
         # for a shared vocabulary, but reads one at the start of any source).
         self.tags = {p: i for p, i in self.src_vocab.items() if _is_language_token(p)}
+        self.languages = {}  # its tokens go before sources, named by the run (data.lang_token)
 
     @property
     def src_pad_id(self) -> int:
@@ -162,26 +170,6 @@ def _split_language_code(text: str) -> tuple[list[str], str]:
     if text.startswith(">>") and (end := text.find("<<")) != -1:
         return [text[: end + 2]], text[end + 2 :]
     return [], text
-
-
-def _read_vocabulary(path: Path) -> dict[str, int]:
-    """A {piece: id} vocabulary whose ids are 0 .. V-1, each once."""
-    vocab = read_json_object(path)
-    if not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-        for k, v in vocab.items()
-    ):
-        raise InputError(f"{path}: not a vocabulary (a JSON object of piece: id)")
-    if sorted(vocab.values()) != list(range(len(vocab))):
-        raise InputError(f"{path}: its ids are not 0 to {len(vocab) - 1}, each once")
-    return vocab
-
-
-def _pieces_by_id(vocab: dict[str, int]) -> list[str]:
-    pieces = [""] * len(vocab)
-    for piece, i in vocab.items():
-        pieces[i] = piece
-    return pieces
 
 
 def _special_ids(vocab: dict[str, int], path: Path) -> dict[str, int]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +74,10 @@ class DevSet:
     """The part of one dev set decoded for BLEU: its direction's sources and references."""
 
     name: str  # its direction, "es-en"
-    src_ids: list[list[int]]  # the first sentences (their target-language token first)
+    src_ids: list[list[int]]  # the first sentences (their language token first)
     refs: list[str]
+    # The token its decoder writes first (`lang_token_side: target`: the target language's)
+    forced: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -137,7 +139,7 @@ def load_set(d: DataConfig, s: SetConfig, sides: tuple[str, ...] = SIDES) -> dat
     (("src",): its sources, the other side's file unread)."""
     if s.reverse:
         sides = tuple(OTHER_SIDE[side] for side in sides)
-    ds = load_corpus(s.corpus, *d.languages(s), sides)
+    ds = load_corpus(s.corpus, *d.file_languages(s), sides)
     return swapped(ds) if s.reverse else ds
 
 
@@ -176,7 +178,8 @@ def batch_training_data(
     parts = []
     several = len(trained) > 1
     for spec, ds in zip(d.corpora(), corpora):
-        filters = Filters(d.clean, d.max_len, d.max_len_ratio, tuple(d.source_prefix(spec)))
+        prefixes = tuple(d.source_prefix(spec)), tuple(d.target_prefix(spec))
+        filters = Filters(d.clean, d.max_len, d.max_len_ratio, *prefixes)
         reference = references.get(d.direction(spec))
         name = f"{spec.corpus} ({direction_name(d.direction(spec))})" if several else spec.corpus
         parts.append(prepare_corpus(ds, tokenizer, filters, reference, name, progress))
@@ -236,7 +239,7 @@ def check_tags(d: DataConfig, corpora: list[datasets.Dataset]) -> None:
         found = first_row_holding(ds, tags)
         if found is not None:
             row, tag = found
-            where = where_row(spec.corpus, *d.languages(spec), row)  # the file's line
+            where = where_row(spec.corpus, *d.file_languages(spec), row)  # the file's line
             raise InputError(
                 f"{where}: holds the text {tag!r}, a reserved piece of the run (a tag, a "
                 "target-language token); a tag must be a piece no sentence holds: choose another"
@@ -317,9 +320,14 @@ def dev_sets(
                 lambda row, head: {"src": f"{head} {row['src']}"}, fn_kwargs={"head": head}
             )
         encoded = encode_corpus(dev, tokenizer)
+        forced = tokenizer.tgt_piece_ids(d.target_prefix(spec))
+        if forced:  # the loss's targets start with it too, as training's do
+            encoded = encoded.map(
+                lambda row, head: {"tgt_ids": head + row["tgt_ids"]}, fn_kwargs={"head": forced}
+            )
         fit.append(filter_pairs(encoded, max_len=limit - 1, name=spec.corpus)[0])
         name = direction_name(direction)  # two sets of one direction are scored as one
-        part = sets.setdefault(name, DevSet(name, [], []))
+        part = sets.setdefault(name, DevSet(name, [], [], forced))
         first = encoded.select(range(share))["src_ids"]
         part.src_ids += [tokenizer.truncate_src(ids, limit) for ids in first]
         part.refs += dev.select(range(share))["tgt"]

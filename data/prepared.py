@@ -83,6 +83,9 @@ class Filters:
     max_len: int | None  # longest side kept, in pieces
     max_len_ratio: float | None  # largest longer/shorter ratio kept
     tags: tuple[str, ...] = ()  # reserved pieces put before every source, in order
+    # ... and before every target: its language's token, where the decoder writes it first
+    # (`data.lang_token_side: target`)
+    target_tags: tuple[str, ...] = ()
 
 
 def prepare_corpus(
@@ -236,8 +239,11 @@ class _Encoder:
         keep = _token_rules(src, tgt, self.filters, removed, blank)
         src = [row for row, k in zip(src, keep) if k]
         tgt = [row for row, k in zip(tgt, keep) if k]
-        if self.tag_ids:
-            src = [[*self.tag_ids, *row] for row in src]
+        if self.tag_ids:  # where the tokenizer puts them (NLLB's legacy order: last)
+            src = [self.tokenizer.tagged_src(self.tag_ids, row) for row in src]
+        if self.filters.target_tags:  # (a few pieces: looked up per block)
+            head = self.tokenizer.tgt_piece_ids(list(self.filters.target_tags))
+            tgt = [[*head, *row] for row in tgt]
         return _Block(*_flat(src, self.dtype), *_flat(tgt, self.dtype), removed, len(keep))
 
 

@@ -1,13 +1,16 @@
-"""SentencePiece subword models: train one joint model (or one per side) and load it back.
+"""SentencePiece subword models: train one joint model (or one per side) and load it back;
+and `Tokenizer.load`, the one place that reads any tokenizer kind from its files.
 
 The special ids are fixed here, at training time, and nowhere else: every other module reads
 them from the loaded model (`Tokenizer.pad_id` ...), so a model trained with other ids would
 still be handled correctly.
+
+The kinds share one interface (`data.tokenizer_base.BaseTokenizer`): `tf`'s own models (here),
+an OPUS-MT model's (`data.marian`), NLLB-200's, M2M100's and mBART-50's (`data.fairseq`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -18,6 +21,15 @@ from pathlib import Path
 import sentencepiece as spm
 
 from data.errors import InputError
+from data.fairseq import FairseqTokenizer, is_fairseq_tokenizer
+from data.marian import MarianTokenizer, is_marian_tokenizer
+from data.tokenizer_base import (
+    SPACE,
+    BaseTokenizer,
+    decode_rows,
+    load_sentencepiece,
+    split_tags,
+)
 
 # The only place these numbers appear; see the module docstring.
 SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
@@ -26,9 +38,7 @@ JOINT_MODEL = "joint.model"
 TOKENIZER_SETTINGS = "settings.json"  # beside the model(s): what they were trained with
 SRC_MODEL = "src.model"
 TGT_MODEL = "tgt.model"
-SPACE = "\u2581"  # SentencePiece's escaped space, the "▁" piece
 MODEL_TYPES = ("bpe", "unigram")
-THREADS = os.cpu_count() or 1  # SentencePiece encodes a list of sentences in parallel
 
 
 def train_tokenizer(
@@ -143,23 +153,16 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
     return (text for text in texts if text.strip())
 
 
-class Tokenizer:
+class Tokenizer(BaseTokenizer):
     """A pair of SentencePiece models, source and target (the same object when joint).
 
-    `Tokenizer.load` also reads an imported model's tokenizer (`data.marian.MarianTokenizer`,
-    the same interface): every other module takes either.
-
-    Attributes:
-        directory: the directory the model(s) were loaded from.
-        joint: True when both sides share one vocabulary.
-        pad_id, unk_id, bos_id, eos_id: read from the model (bos_id None where it has no BOS).
-        src_vocab_size, tgt_vocab_size: number of pieces of each side's model.
-        tags: {piece: id} of the reserved pieces a source may start with.
+    `Tokenizer.load` reads this kind and the imported models' (`data.marian`, `data.fairseq`):
+    every other module takes any of them, through `BaseTokenizer`'s interface (whose
+    attributes these are: pad_id ... read from the model, tags its user-defined pieces).
     """
 
     def __init__(self, directory: Path, src_path: Path, tgt_path: Path) -> None:
         self.directory = directory
-        self.threads = THREADS  # SentencePiece's threads per `encode_*` call
         self.joint = src_path == tgt_path
         self._paths = [src_path] if self.joint else [src_path, tgt_path]
         self._src = load_sentencepiece(src_path)
@@ -177,38 +180,52 @@ class Tokenizer:
         self.src_vocab_size = self._src.get_piece_size()
         self.tgt_vocab_size = self._tgt.get_piece_size()
         self.tags = _user_defined(self._src)  # {"<bt>": id, ...}: reserved source pieces
+        # ... and their target ids: a language token the decoder writes first decodes to nothing
+        self._tgt_tags = set(
+            self.tags.values() if self.joint else _user_defined(self._tgt).values()
+        )
         self._tag_starts = tuple(self.tags)
+        self.languages = {}  # a run's language tokens are tags, named by its config
 
     @staticmethod
     def found_in(directory: str | os.PathLike) -> bool:
-        """Whether `directory` holds a tokenizer (`joint.model`, or `src.model`/`tgt.model`,
-        or an imported Marian model's files)."""
-        from data.marian import is_marian_tokenizer
-
+        """Whether `directory` holds a tokenizer of any kind: `joint.model`, or
+        `src.model`/`tgt.model`, or an imported Marian, NLLB-200, M2M100 or mBART-50 model's
+        files."""
         directory = Path(directory)
         return (
             (directory / JOINT_MODEL).is_file()
             or (directory / SRC_MODEL).is_file()
+            or is_fairseq_tokenizer(directory)
             or is_marian_tokenizer(directory)
         )
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> Tokenizer:
-        """Load `joint.model`, or `src.model` and `tgt.model`, or a Marian tokenizer
-        (`data.marian`), from `directory`.
+    def load(cls, directory: str | os.PathLike) -> BaseTokenizer:
+        """The tokenizer in `directory`, of the kind its files say: an NLLB-200, M2M100 or
+        mBART-50 tokenizer (`data.fairseq`: sentencepiece.bpe.model ...), a Marian one
+        (`data.marian`: source.spm, vocab.json ...), or tf's own (`joint.model`, or
+        `src.model` and `tgt.model`). The fairseq kinds are tried first: M2M100's vocab.json
+        is a Marian file's name too.
 
         Raises:
-            InputError: no model there, two layouts at once, or a file that is not a model.
+            InputError: no tokenizer there, two at once, or a file that is not what it should be.
         """
-        from data.marian import MarianTokenizer, is_marian_tokenizer
-
         directory = Path(directory)
-        if is_marian_tokenizer(directory):
-            if (directory / JOINT_MODEL).is_file() or (directory / SRC_MODEL).is_file():
-                raise InputError(f"{directory}: holds both a Marian tokenizer and tf's own")
-            return MarianTokenizer(directory)
         joint = directory / JOINT_MODEL
         src, tgt = directory / SRC_MODEL, directory / TGT_MODEL
+        imported = (
+            FairseqTokenizer
+            if is_fairseq_tokenizer(directory)
+            else MarianTokenizer
+            if is_marian_tokenizer(directory)
+            else None
+        )
+        if imported is not None:
+            if joint.is_file() or src.is_file():
+                name = "Marian" if imported is MarianTokenizer else "NLLB/M2M100/mBART-50"
+                raise InputError(f"{directory}: holds both a {name} tokenizer and tf's own")
+            return imported(directory)
         if joint.is_file() and (src.is_file() or tgt.is_file()):
             raise InputError(f"{directory}: holds both {JOINT_MODEL} and {SRC_MODEL}/{TGT_MODEL}")
         if joint.is_file():
@@ -251,44 +268,21 @@ class Tokenizer:
         # `in` scans in C: most rows (every training row) hold no lone "▁" at all.
         return [untagged(row) if space in row else row for row in ids]
 
-    def truncate_src(self, ids: list[int], max_len: int) -> list[int]:
-        """A source's ids cut to `max_len` (Marian's keep their final EOS)."""
-        return list(ids[:max_len])
-
-    def tag_id(self, tag: str) -> int:
-        """The id of a reserved tag piece; InputError if the tokenizer was trained without it."""
-        if tag not in self.tags:
-            known = ", ".join(self.tags) or "none"
-            raise InputError(f"{self.directory}: no tag {tag!r} in the tokenizer (tags: {known})")
-        return self.tags[tag]
-
-    @property
-    def src_pad_id(self) -> int:
-        """The source side's padding id: `pad_id` (an imported Marian model's two
-        vocabularies may give it another, `data.marian.MarianTokenizer`)."""
-        return self.pad_id
-
-    def decoder_start_id(self, start: str) -> int:
-        """The id the decoder starts from: `model.decoder_start`, "bos" or "pad"."""
-        found = self.bos_id if start == "bos" else self.pad_id
-        if found is None:
-            raise InputError(
-                f"{self.directory}: the tokenizer has no {start.upper()} for the decoder to "
-                "start from (model.decoder_start)"
-            )
-        return found
-
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         """Target sentences to piece ids; no BOS/EOS added."""
         return self._tgt.encode(list(texts), out_type=int, num_threads=self.threads)
 
     def decode_src(self, ids: list[list[int]]) -> list[str]:
         """Source piece ids back to text, one string per row; special ids decode to nothing."""
-        return _decode(self._src, ids)
+        return decode_rows(self._src, ids)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        """Target piece ids back to text, one string per row; special ids decode to nothing."""
-        return _decode(self._tgt, ids)
+        """Target piece ids back to text, one string per row; special ids and reserved pieces
+        (a target language's token, `data.lang_token_side: target`) decode to nothing."""
+        tags = self._tgt_tags
+        return decode_rows(
+            self._tgt, [[i for i in row if i not in tags] for row in ids] if tags else ids
+        )
 
     def src_pieces(self, text: str) -> list[str]:
         """The source pieces of one sentence, e.g. ["▁Él", "▁com", "ió"]."""
@@ -314,18 +308,6 @@ class Tokenizer:
         """The target pieces in id order."""
         return [self._tgt.id_to_piece(i) for i in range(self.tgt_vocab_size)]
 
-    def model_paths(self) -> list[Path]:
-        """The SentencePiece model file(s): joint.model, or src.model and tgt.model."""
-        return list(self._paths)
-
-    def digest(self) -> str:
-        """sha256 (hex) of the model file(s): identifies the tokenizer in caches and checkpoints."""
-        sha = hashlib.sha256()
-        for path in self._paths:
-            sha.update(path.name.encode())
-            sha.update(path.read_bytes())
-        return sha.hexdigest()
-
     def __repr__(self) -> str:
         layout = "joint" if self.joint else "separate"
         sizes = (
@@ -334,34 +316,6 @@ class Tokenizer:
             else f"{self.src_vocab_size}/{self.tgt_vocab_size}"
         )
         return f"Tokenizer({str(self.directory)!r}, {layout}, vocab {sizes})"
-
-
-def split_tags(text: str, tags: tuple[str, ...]) -> tuple[list[str], str]:
-    """The reserved pieces of `tags` that `text` starts with (white space around them or not),
-    in order, and the rest of it (all of it when it starts with none)."""
-    heads: list[str] = []
-    rest = text.lstrip()
-    while tags and rest.startswith(tags):  # (startswith tries a tuple in C)
-        tag = max((t for t in tags if rest.startswith(t)), key=len)
-        heads.append(tag)
-        rest = rest[len(tag) :].lstrip()
-    return heads, rest if heads else text
-
-
-def _decode(model: spm.SentencePieceProcessor, ids: list[list[int]]) -> list[str]:
-    """One string per row, and none for no rows (SentencePiece reads `[]` as one empty row)."""
-    rows = [list(map(int, row)) for row in ids]
-    return model.decode(rows) if rows else []
-
-
-def load_sentencepiece(path: Path) -> spm.SentencePieceProcessor:
-    """Load one SentencePiece model, as an InputError if the file is not one."""
-    model = spm.SentencePieceProcessor()
-    try:
-        model.load(str(path))
-    except (OSError, RuntimeError):
-        raise InputError(f"{path}: not a SentencePiece model") from None
-    return model
 
 
 def _special_ids(model: spm.SentencePieceProcessor) -> dict[str, int]:

@@ -167,18 +167,40 @@ def _ban_repeated_ngrams(log_probs: Tensor, tokens: Tensor, n: int) -> Tensor:
     return log_probs.masked_fill(banned > 0, float("-inf"))
 
 
-def force_prefix(log_probs: Tensor, t: int, prefix: Tensor | None, sentence: Tensor) -> Tensor:
-    """At step t, a row whose sentence's prefix is longer than t may take only its prefix's
-    token t (the rest -inf; its log-probability still counts in the score).
+@dataclass(frozen=True)
+class Prefix:
+    """Each sentence's forced first tokens, `tokens` (B, L) long padded with -1: a user's
+    target prefix, whose log-probabilities count in the score, after the first `certain`
+    columns, which count as certain (log-probability 0): a language token the decoder is made
+    to write (NLLB's, M2M100's, mBART-50's: transformers' `forced_bos_token_id`), no choice of
+    the model's. A plain (B, L) tensor is a prefix with none certain."""
 
-    Shape: log_probs (N, V); prefix (B, L) long, each sentence's forced tokens padded with -1,
-    or None; sentence (N,) the row's sentence -> (N, V).
+    tokens: Tensor
+    certain: int = 0
+
+
+def as_prefix(prefix: Tensor | Prefix | None) -> Prefix | None:
+    return Prefix(prefix) if isinstance(prefix, Tensor) else prefix
+
+
+def force_prefix(
+    log_probs: Tensor, t: int, prefix: Tensor | Prefix | None, sentence: Tensor
+) -> Tensor:
+    """At step t, a row whose sentence's prefix is longer than t may take only its prefix's
+    token t (the rest -inf; its log-probability still counts in the score, or is 0 in the
+    prefix's certain columns).
+
+    Shape: log_probs (N, V); prefix: (B, L) long (or a `Prefix` of them), each sentence's
+    forced tokens padded with -1, or None; sentence (N,) the row's sentence -> (N, V).
     """
-    if prefix is None or t >= prefix.size(1):
+    prefix = as_prefix(prefix)
+    if prefix is None or t >= prefix.tokens.size(1):
         return log_probs
-    forced = prefix[sentence, t]  # (N,) -1: free
+    forced = prefix.tokens[sentence, t]  # (N,) -1: free
     allowed = torch.zeros_like(log_probs, dtype=torch.bool)
     allowed.scatter_(1, forced.clamp(min=0)[:, None], True)
+    if t < prefix.certain:  # the token is the model's to write, whatever it would rate it
+        log_probs = log_probs.masked_fill(allowed, 0.0)
     return log_probs.masked_fill((forced >= 0)[:, None] & ~allowed, float("-inf"))
 
 
@@ -191,7 +213,7 @@ def apply_step_rules(
     min_len: int,
     shortest: int,
     no_repeat_ngram_size: int,
-    prefix: Tensor | None,
+    prefix: Tensor | Prefix | None,
     score_forced_eos: bool = True,
     renormalize: bool = False,
 ) -> Tensor:
@@ -210,8 +232,9 @@ def apply_step_rules(
         log_probs, t, row_max_lens, eos_id, min_len, shortest, score_forced_eos
     )
     banned = _ban_repeated_ngrams(log_probs, beams.tokens, no_repeat_ngram_size)
-    if prefix is not None and t < prefix.size(1) and banned is not log_probs:
-        in_prefix = (prefix[beams.sentence, t] >= 0)[:, None]  # (N, 1) rows forced this step
+    prefix = as_prefix(prefix)
+    if prefix is not None and t < prefix.tokens.size(1) and banned is not log_probs:
+        in_prefix = (prefix.tokens[beams.sentence, t] >= 0)[:, None]  # (N, 1) forced this step
         banned = torch.where(in_prefix, log_probs, banned)
     if renormalize:
         banned = _renormalize(banned)
@@ -229,7 +252,7 @@ def greedy_search(
     max_lens: Tensor,
     min_len: int = 0,
     no_repeat_ngram_size: int = 0,
-    prefix: Tensor | None = None,
+    prefix: Tensor | Prefix | None = None,
     score_forced_eos: bool = True,
     renormalize: bool = False,
 ) -> list[Hypothesis]:
@@ -244,8 +267,8 @@ def greedy_search(
         min_len: EOS is forbidden before this many tokens.
         no_repeat_ngram_size: n > 0 forbids repeating any n-gram within a hypothesis (the
             forced prefix is exempt: `apply_step_rules`).
-        prefix: (B, L) long or None: each output starts with its row's tokens (padded with -1;
-            `force_prefix`). max_lens must leave room for them.
+        prefix: (B, L) long, a `Prefix`, or None: each output starts with its row's tokens
+            (padded with -1; `force_prefix`). max_lens must leave room for them.
         score_forced_eos: the EOS forced at max_lens counts its log-probability; else 0.
         renormalize: log-probabilities normalised again after the rules (`apply_step_rules`).
 
@@ -290,7 +313,7 @@ def sample_search(
     min_len: int = 0,
     nbest: int = 1,
     no_repeat_ngram_size: int = 0,
-    prefix: Tensor | None = None,
+    prefix: Tensor | Prefix | None = None,
     score_forced_eos: bool = True,
     renormalize: bool = False,
 ) -> list[list[Hypothesis]]:
@@ -379,7 +402,7 @@ def _row_search(
     max_lens: Tensor,
     min_len: int,
     no_repeat_ngram_size: int,
-    prefix: Tensor | None,
+    prefix: Tensor | Prefix | None,
     score_forced_eos: bool,
     renormalize: bool,
 ) -> list[tuple[list[int], float]]:
@@ -445,7 +468,7 @@ def beam_search(
     min_len: int = 0,
     nbest: int = 1,
     no_repeat_ngram_size: int = 0,
-    prefix: Tensor | None = None,
+    prefix: Tensor | Prefix | None = None,
     half_logits: bool = False,
     beam_stop: BeamStop = "bound",
     score_forced_eos: bool = True,

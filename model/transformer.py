@@ -53,13 +53,27 @@ class ModelConfig:
     max_positions: int = 1024
     # The switches a pretrained model may need (`tf import`); each default is the paper's model.
     activation: Literal["relu", "swish", "gelu"] = "relu"  # the FFN's (section 3.3: ReLU)
-    output_bias: bool = False  # a bias on the logits (Marian's `final_logits_bias`)
-    decoder_start: Literal["bos", "pad"] = "bos"  # the token fed first (Marian: pad)
+    output_bias: bool = False  # a bias on the logits (Marian's, mBART's `final_logits_bias`)
+    # The token fed first: Marian's is pad; M2M100's, NLLB's and mBART-50's is EOS.
+    decoder_start: Literal["bos", "pad", "eos"] = "bos"
     norm_eps: float = 1e-5  # every LayerNorm's epsilon
-    # Sinusoidal positions: "interleaved" sin, cos, sin, cos ... (the paper's PE(pos, 2i) and
-    # PE(pos, 2i+1)); "halves": all sines, then all cosines (Marian, fairseq). The same
-    # frequencies: only the order of the model dimension differs.
-    positions: Literal["interleaved", "halves"] = "interleaved"
+    # Positions. Sinusoids: "interleaved" sin, cos, sin, cos ... (the paper's PE(pos, 2i) and
+    # PE(pos, 2i+1)); "halves": all sines, then all cosines (Marian). The same frequencies: only
+    # the order of the model dimension differs. "fairseq": halves at fairseq's frequencies,
+    # 10000^(-i / (D/2 - 1)) computed in float32 as fairseq computes them, and a pad token gets
+    # no position (M2M100's and NLLB's `M2M100SinusoidalPositionalEmbedding`). "learned": a
+    # trained table per stack (mBART's `MBartLearnedPositionalEmbedding`).
+    positions: Literal["interleaved", "halves", "fairseq", "learned"] = "interleaved"
+    # The table row of the first position: fairseq numbers positions from padding_idx + 1, 2 in
+    # M2M100, NLLB and mBART (where it moves the sinusoids' angles, and leaves a learned
+    # table's first 2 rows unused).
+    position_offset: int = 0
+    scale_embedding: bool = True  # token embeddings x sqrt(D) (section 3.4), or x 1
+    layernorm_embedding: bool = False  # a LayerNorm after embeddings + positions (mBART's)
+    # LayerDrop (Fan et al., 2019): in training, each layer of a stack skipped with this
+    # probability (transformers' `encoder_layerdrop` / `decoder_layerdrop`; M2M100: 0.05).
+    encoder_layerdrop: float = 0.0
+    decoder_layerdrop: float = 0.0
 
 
 def count_parameters(config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> int:
@@ -72,6 +86,9 @@ def count_parameters(config: ModelConfig, src_vocab_size: int, tgt_vocab_size: i
     encoder_layer = attention + feed_forward + 2 * layer_norm
     decoder_layer = 2 * attention + feed_forward + 3 * layer_norm
     final_norms = 2 * layer_norm if config.norm_first else 0
+    rows = config.max_positions + config.position_offset
+    positions = 2 * rows * D if config.positions == "learned" else 0  # one table per stack
+    embedding_norms = 2 * layer_norm if config.layernorm_embedding else 0
     embeddings = {
         "none": (src_vocab_size + 2 * tgt_vocab_size) * D,  # source, target, generator
         "decoder": (src_vocab_size + tgt_vocab_size) * D,
@@ -82,20 +99,27 @@ def count_parameters(config: ModelConfig, src_vocab_size: int, tgt_vocab_size: i
         config.n_encoder_layers * encoder_layer
         + config.n_decoder_layers * decoder_layer
         + final_norms
+        + positions
+        + embedding_norms
         + embeddings
         + output_bias
     )
 
 
 def sinusoidal_positions(
-    n_positions: int, d_model: int, layout: Literal["interleaved", "halves"] = "interleaved"
+    n_positions: int,
+    d_model: int,
+    layout: Literal["interleaved", "halves", "fairseq"] = "interleaved",
 ) -> Tensor:
     """Paper section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(same).
 
     `layout` "halves" puts the same values in Marian's order: the D/2 sines, then the cosines.
+    "fairseq" is `fairseq_sinusoids`.
 
     Shape: -> (n_positions, D), float32.
     """
+    if layout == "fairseq":
+        return fairseq_sinusoids(n_positions, d_model)
     position = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
     inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (D/2,)
     angles = position * inv_freq  # (P, D/2)
@@ -103,6 +127,21 @@ def sinusoidal_positions(
         return torch.cat([angles.sin(), angles.cos()], dim=-1).float()  # (P, D): sin.. | cos..
     pe = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (P, D/2, 2)
     return pe.reshape(n_positions, d_model).float()  # (P, D): sin, cos, sin, cos, ...
+
+
+def fairseq_sinusoids(n_positions: int, d_model: int) -> Tensor:
+    """fairseq's (tensor2tensor's) sinusoids, which M2M100 and NLLB were trained with: the
+    sines, then the cosines, of pos * 10000^(-i / (D/2 - 1)), i < D/2 (the paper divides by
+    D/2), computed in float32 as `SinusoidalPositionalEmbedding.get_embedding` computes them,
+    so that the table is theirs bit for bit.
+
+    Shape: -> (n_positions, D), float32.
+    """
+    half = d_model // 2
+    step = math.log(10000) / (half - 1)
+    inv_freq = torch.exp(torch.arange(half, dtype=torch.float32) * -step)  # (D/2,)
+    angles = torch.arange(n_positions, dtype=torch.float32)[:, None] * inv_freq  # (P, D/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)  # (P, D): sin.. | cos..
 
 
 def dropped(dropout: nn.Dropout, x: Tensor) -> Tensor:
@@ -118,31 +157,51 @@ def causal_mask(size: int, device: torch.device | None = None) -> Tensor:
 
 
 class Embedding(nn.Module):
-    """Token embedding x sqrt(D) (section 3.4) + sinusoidal positions (3.5), then dropout (5.4)."""
+    """Token embedding x sqrt(D) (section 3.4) + positions (3.5), then dropout (5.4).
+
+    The switches of `ModelConfig` a pretrained model may need: the scale (`scale_embedding`),
+    the positions (`positions`, from row `position_offset` of the table), a LayerNorm before
+    the dropout (mBART's `layernorm_embedding`).
+
+    Args:
+        config: the model's settings.
+        vocab_size, pad_id: the vocabulary and its padding id.
+        token: a token embedding to share (`tie_embeddings: all`), or None for a new one. Only
+            the token embedding is shared between the stacks: the positions and the norm are
+            each stack's own, as in mBART.
+    """
 
     def __init__(
-        self,
-        vocab_size: int,
-        d_model: int,
-        pad_id: int,
-        max_positions: int,
-        dropout: float,
-        layout: Literal["interleaved", "halves"] = "interleaved",
+        self, config: ModelConfig, vocab_size: int, pad_id: int, token: nn.Embedding | None = None
     ):
         super().__init__()
-        self.token = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
-        self.scale = math.sqrt(d_model)
-        self.max_positions = max_positions
-        pe = sinusoidal_positions(max_positions, d_model, layout)
-        self.register_buffer("positions", pe, persistent=False)  # (P, D), not in checkpoints
-        self.dropout = nn.Dropout(dropout)
+        D = config.d_model
+        self.token = nn.Embedding(vocab_size, D, padding_idx=pad_id) if token is None else token
+        self.scale = math.sqrt(D) if config.scale_embedding else 1.0
+        self.max_positions = config.max_positions
+        self.offset = config.position_offset
+        rows = config.max_positions + config.position_offset
+        if config.positions == "learned":  # (P + offset, D), in checkpoints
+            self.positions = nn.Parameter(torch.empty(rows, D))
+        else:  # (P + offset, D), computed: not in checkpoints
+            pe = sinusoidal_positions(rows, D, config.positions)
+            self.register_buffer("positions", pe, persistent=False)
+        # fairseq numbers the positions of real tokens only: a pad token's is a zero row.
+        self.pad_has_no_position = config.positions == "fairseq"
+        self.norm = nn.LayerNorm(D, eps=config.norm_eps) if config.layernorm_embedding else None
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, ids: Tensor, start: int = 0) -> Tensor:
         """Embed ids (B, T) at positions start .. start + T - 1 -> (B, T, D)."""
         end = start + ids.size(1)
         if end > self.max_positions:
             raise ValueError(f"position {end - 1} is beyond max_positions {self.max_positions}")
-        x = self.token(ids) * self.scale + self.positions[start:end]
+        pe = self.positions[start + self.offset : end + self.offset]  # (T, D)
+        if self.pad_has_no_position:
+            pe = pe * (ids != self.token.padding_idx).unsqueeze(-1)  # (B, T, D)
+        x = self.token(ids) * self.scale + pe
+        if self.norm is not None:
+            x = self.norm(x)
         return dropped(self.dropout, x)
 
 
@@ -269,6 +328,25 @@ def _final_norm(config: ModelConfig) -> nn.LayerNorm | None:
     return nn.LayerNorm(config.d_model, eps=config.norm_eps) if config.norm_first else None
 
 
+@torch.compiler.disable  # compiled, the draw would come from inductor's generator instead
+def layer_dropped(p: float) -> bool:
+    """LayerDrop (Fan et al., 2019): whether a training forward skips the next layer, drawn as
+    transformers draws it (`torch.rand([]) < p`, one draw per layer, none at p = 0) from the
+    CPU generator, whose state every checkpoint keeps (an exact resume draws the same), and
+    eagerly under `torch.compile` too (`train.compile`: the same draws)."""
+    return p > 0 and float(torch.rand(())) < p
+
+
+def skipped(x: Tensor, layer: nn.Module, *args) -> Tensor:
+    """What a layer LayerDrop skips gives: its input x. Under DistributedDataParallel, whose
+    reducer waits for a gradient of every parameter (a skipped layer would give none and stop
+    the step), the layer still runs and its output is discarded by `torch.where`, which passes
+    it a zero gradient (and no NaN of it reaches x, as a multiplication by 0 would)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return x
+    return torch.where(torch.ones((), dtype=torch.bool, device=x.device), x, layer(x, *args))
+
+
 class Encoder(nn.Module):
     """The stack of encoder layers, named as nn.TransformerEncoder (`layers`, `norm`)."""
 
@@ -276,12 +354,16 @@ class Encoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
         self.norm = _final_norm(config)
+        self.layerdrop = config.encoder_layerdrop
 
     def forward(self, x: Tensor, src_pad_mask: Tensor | None) -> Tensor:
         """x (B, S, D), src_pad_mask (B, S) True = padding -> (B, S, D)."""
         src_keep = keep_mask(src_pad_mask)  # (B, 1, 1, S): once for all layers
         for layer in self.layers:
-            x = layer(x, src_keep)
+            if self.training and layer_dropped(self.layerdrop):
+                x = skipped(x, layer, src_keep)
+            else:
+                x = layer(x, src_keep)
         return x if self.norm is None else self.norm(x)
 
 
@@ -292,6 +374,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
         self.norm = _final_norm(config)
+        self.layerdrop = config.decoder_layerdrop
 
     def project_memory(self, memory: Tensor) -> list[KVCache]:
         """Every layer's cross-attention keys and values of memory (B, S, D): (B, H, S, D/H)."""
@@ -306,9 +389,14 @@ class Decoder(nn.Module):
         cache: StepCache | None = None,
     ) -> Tensor:
         """Embedded targets x (B, T, D) -> (B, T, D); arguments as `DecoderLayer.forward`,
-        `cache` every layer's."""
+        `cache` every layer's. LayerDrop skips layers of a training forward (never a step
+        with a cache, each layer of which must see every position)."""
+        drops = self.training and cache is None
         for i, (layer, kv) in enumerate(zip(self.layers, memory_kv, strict=True)):
-            x = layer(x, kv, src_keep, causal, None if cache is None else cache.layer(i))
+            if drops and layer_dropped(self.layerdrop):
+                x = skipped(x, layer, kv, src_keep, causal)
+            else:
+                x = layer(x, kv, src_keep, causal, None if cache is None else cache.layer(i))
         return x if self.norm is None else self.norm(x)
 
     def cross_attention(
@@ -399,14 +487,11 @@ class Transformer(nn.Module):
         self.pad_id = pad_id
         self.src_pad_id = pad_id if src_pad_id is None else src_pad_id
         D = config.d_model
-
-        def embedding(vocab_size: int, pad: int) -> Embedding:
-            return Embedding(
-                vocab_size, D, pad, config.max_positions, config.dropout, config.positions
-            )
-
-        self.src_embed = embedding(src_vocab_size, self.src_pad_id)
-        self.tgt_embed = self.src_embed if tie == "all" else embedding(tgt_vocab_size, pad_id)
+        self.src_embed = Embedding(config, src_vocab_size, self.src_pad_id)
+        # Tied, the stacks share the token embedding (under both names, `src_embed.token` and
+        # `tgt_embed.token`, in a state dict), each keeping its positions and norm.
+        shared = self.src_embed.token if tie == "all" else None
+        self.tgt_embed = Embedding(config, tgt_vocab_size, pad_id, shared)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.generator = nn.Linear(D, tgt_vocab_size, bias=config.output_bias)
@@ -427,6 +512,8 @@ class Transformer(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 with torch.no_grad():
                     module.weight[module.padding_idx].zero_()
+            elif isinstance(module, Embedding) and isinstance(module.positions, nn.Parameter):
+                nn.init.normal_(module.positions, mean=0.0, std=std)  # as fairseq's learned
         nn.init.normal_(self.generator.weight, mean=0.0, std=std)
 
     def num_parameters(self) -> int:

@@ -31,7 +31,13 @@ from data.text import read_file_lines
 
 
 def run_backtranslate(
-    run: str, mono: Path, out: Path, overrides: list[str], device_name: str, to: str = ""
+    run: str,
+    mono: Path,
+    out: Path,
+    overrides: list[str],
+    device_name: str,
+    to: str = "",
+    frm: str = "",
 ) -> str:
     """Translate MONO with the reverse model RUN (a multilingual one's into `to`) into OUT (see
     the module docstring)."""
@@ -40,6 +46,6 @@ def run_backtranslate(
     if not any(lines):  # else "0 pairs" now, and a corpus that training refuses later
         raise InputError(f"{mono}: no text to back-translate (empty, or blank lines only)")
     device = pick_device(device_name)
-    engine = load_engine(run, device, overrides, to=to)
+    engine = load_engine(run, device, overrides, to=to, frm=frm)
     extra = {"monolingual": str(mono)}  # for the reader: the sources' digest identifies them
     return translate_corpus(engine, run, device, lines, out, "backtranslate", extra)

@@ -13,7 +13,13 @@ from data.text import read_file_lines
 
 
 def run_compare(
-    runs: list[str], src: Path, ref: Path, device_name: str, limit: int, to: str = ""
+    runs: list[str],
+    src: Path,
+    ref: Path,
+    device_name: str,
+    limit: int,
+    to: str = "",
+    frm: str = "",
 ) -> str:
     """The table, one row per run (or exported CTranslate2 directory); `to`: the output
     language of the multilingual ones (a one-way model takes its own)."""
@@ -26,7 +32,9 @@ def run_compare(
     for run in runs:
         speeds, scores = {}, {}
         for name, beam in (("beam5", 5), ("greedy", 1)):
-            engine = load_engine(run, device, [f"decode.beam_size={beam}", "decode.nbest=1"], to=to)
+            engine = load_engine(
+                run, device, [f"decode.beam_size={beam}", "decode.nbest=1"], to=to, frm=frm
+            )
             start = time.perf_counter()
             hyps = [h[0].tokens for _, h in engine.stream(sources, str(src))]
             speeds[name] = len(sources) / (time.perf_counter() - start)

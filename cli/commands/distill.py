@@ -32,13 +32,14 @@ def run_distill(
     device_name: str,
     corpora: list[str] = (),
     to: str = "",
+    frm: str = "",
 ) -> str:
     """Translate the teacher's training sources, or those of `corpora`, into OUT (see the
     module docstring); a multilingual teacher's into the language `to`, from the sources of
     its corpora into that language."""
     check_dir(out, "--out")
     device = pick_device(device_name)
-    engine = load_engine(teacher, device, overrides, to=to)
+    engine = load_engine(teacher, device, overrides, to=to, frm=frm)
     # A multilingual teacher needs --to (refused here, before any reading); named corpora are
     # read in the direction it then translates.
     src_lang, tgt_lang = engine.direction("tf distill")

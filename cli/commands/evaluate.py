@@ -41,6 +41,7 @@ def run_eval(
     as_json: bool,
     int8: bool = False,
     to: str = "",
+    frm: str = "",
 ) -> str:
     """Translate `src` with the run's model (or read `hyp`) and score it against `ref`; each may
     be a pipe (`--ref <(cmd)`), read once."""
@@ -59,7 +60,7 @@ def run_eval(
             raise InputError("tf eval needs RUN and --src, or --hyp")
         srcs = read_file_lines(src)
         check_parallel(src, srcs, ref, refs)
-        engine = load_engine(run, pick_device(device_name), overrides, int8, to)
+        engine = load_engine(run, pick_device(device_name), overrides, int8, to, frm)
         if limit:
             srcs, refs = srcs[:limit], refs[:limit]
         out = engine.stream(srcs, str(src))
@@ -81,6 +82,6 @@ def made_by(engine: Engine) -> dict[str, Any]:
     decoding = asdict(engine.config.decode)
     decoding.pop("nbest")
     made: dict[str, Any] = {"decoding": decoding}
-    if engine.to or not engine.languages:
+    if engine.to or not engine.multilingual:
         made["direction"] = direction_name(engine.direction("tf eval"))
     return made

@@ -79,6 +79,7 @@ def run_serve(
     int8: bool,
     limits: Limits,
     to: str = "",
+    frm: str = "",
 ) -> None:
     """The `tf serve` command: load RUN, then answer HTTP requests until Ctrl-C; `to`: a
     multilingual model's output language for requests that name none."""
@@ -88,13 +89,13 @@ def run_serve(
         raise InputError("tf serve needs its server: pip install 'tf[serve]'") from None
     check_options(port, limits)
     device = pick_device(device_name)
-    engine = load_engine(run, device, overrides, int8, to)
+    engine = load_engine(run, device, overrides, int8, to, frm)
     check_engine(engine)  # before any search process loads it again
     check_address(host, port)
     workers, threads = search_workers(device, limits.workers, own_threads=engine.model is None)
     pool = None
     if device.type == "cpu" and engine.model is not None:  # PyTorch on CPUs: in processes
-        pool = SearchPool(EngineSpec(run, str(device), overrides, int8, to), workers, threads)
+        pool = SearchPool(EngineSpec(run, str(device), overrides, int8, to, frm), workers, threads)
         pool.wait_ready()
         threads = 0  # the processes have theirs; the batcher's threads only wait on them
     limits = replace(limits, workers=workers, threads=threads)

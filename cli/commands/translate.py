@@ -43,6 +43,7 @@ def run_translate(
     int8: bool = False,
     input_format: str = "text",
     to: str = "",
+    frm: str = "",
 ) -> None:
     """The `tf translate` command: stdin/FILE (or a pipe, `-i <(cmd)`) to stdout/FILE, with the
     run's decode settings changed by `overrides` (`decode.KEY=VALUE`); RUN may be an exported
@@ -54,7 +55,7 @@ def run_translate(
     from cli.inference.heatmaps import prepare_attention, write_attention  # matplotlib: optional
 
     check_arguments(input_path, output_path, input_format)
-    engine = load_engine(run, pick_device(device_name), overrides, int8, to)
+    engine = load_engine(run, pick_device(device_name), overrides, int8, to, frm)
     tokenizer, config = engine.tokenizer, engine.config
     if attention is not None:
         if not isinstance(engine.model, Transformer) or int8:

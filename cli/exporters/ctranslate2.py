@@ -4,11 +4,14 @@ Our parameters map one to one onto `TransformerSpec`: the fused (3D, D) self-att
 projection is CTranslate2's fused `linear[0]`; cross-attention splits the same matrix into the
 query rows and the fused key/value rows, as CTranslate2 expects; Post-LN is `pre_norm=False`
 (each sub-layer's norm after its residual, no final norm), Pre-LN adds the final norms. Our own
-sinusoidal table is written into the model, in whichever layout the model has
-(`model.positions`). Sources carry what `tf`'s tokenizer gives them (no BOS or EOS; an imported
-Marian model's end in EOS) and the decoder starts from `model.decoder_start`'s token, as in
-`tf`. Where that token is pad (Marian's models), pad is never an output (tf's search bans
-it): its logit gets a bias so low that no softmax ever gives it any probability.
+position table is written into the model, from its first position on (`model.positions`: a
+sinusoidal table in the model's layout, or mBART's learned ones), with the switches of the
+embeddings (`model.scale_embedding`, `model.layernorm_embedding`); a pad token's position,
+which fairseq's sinusoids zero, is never attended to. Sources carry what `tf`'s tokenizer
+gives them (no BOS or EOS; an imported Marian model's end in EOS) and the decoder starts from
+`model.decoder_start`'s token, as in `tf`. Where that token is pad (Marian's models), pad is
+never an output (tf's search bans it): its logit gets a bias so low that no softmax ever gives
+it any probability.
 
 The directory also holds the SentencePiece model(s) and `tf_config.yaml` (the run's config),
 so that `tf translate DIR` runs it with the same tokenizer and decode settings.
@@ -25,7 +28,7 @@ import torch
 from cli.config import TF_CONFIG, Config, DecodeConfig, save_config
 from data.errors import InputError
 from data.tokenizer import Tokenizer
-from model.transformer import Transformer
+from model.transformer import Embedding, Transformer
 
 # model.activation -> CTranslate2's Activation
 CT2_ACTIVATIONS = {"relu": "RELU", "swish": "SWISH", "gelu": "GELU"}
@@ -85,15 +88,12 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
         c.n_heads,
         pre_norm=c.norm_first,
         activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[c.activation]),
+        layernorm_embedding=c.layernorm_embedding,
     )
     # Copies: CTranslate2 may change the arrays in place (quantization), never our weights.
     weights = {k: v.detach().float().cpu().numpy().copy() for k, v in model.state_dict().items()}
-    positions = model.src_embed.positions.float().cpu().numpy().copy()  # (P, D), model.positions
     for stack, embed in ((spec.encoder, "src_embed"), (spec.decoder, "tgt_embed")):
-        embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
-        embeddings.weight = weights[f"{embed}.token.weight"]
-        stack.scale_embeddings = True  # x sqrt(D), section 3.4
-        stack.position_encodings.encodings = positions
+        _embeddings(stack, getattr(model, embed), weights, embed + ".", c.scale_embedding)
     for i, layer in enumerate(spec.encoder.layer):
         p = f"encoder.layers.{i}."
         _self_attention(layer.self_attention, weights, p + "self_attn.", p + "norm1.")
@@ -137,6 +137,21 @@ def output_bias(weights: dict, tokenizer: Tokenizer, start: int):
     if start == tokenizer.pad_id != tokenizer.eos_id:
         bias[tokenizer.pad_id] = PAD_BIAS
     return bias
+
+
+def _embeddings(stack, embed: Embedding, weights: dict, prefix: str, scale: bool) -> None:
+    """A stack's token embeddings, their scale (x sqrt(D), section 3.4, or none:
+    `model.scale_embedding`), its position table and the norm after them (mBART's). CTranslate2
+    numbers positions from its table's row 0: ours from row `model.position_offset` on (M2M100's
+    and mBART's 2, as CTranslate2's own converter cuts theirs), learned (mBART's) or computed
+    in the model's layout (`model.positions`)."""
+    embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
+    embeddings.weight = weights[prefix + "token.weight"]
+    stack.scale_embeddings = scale
+    table = embed.positions.detach().float().cpu().numpy()  # (P + offset, D)
+    stack.position_encodings.encodings = table[embed.offset :].copy()  # (P, D)
+    if embed.norm is not None:
+        _norm(stack.layernorm_embedding, weights, prefix + "norm.")
 
 
 def _pair(weights: dict, prefix: str):

@@ -119,6 +119,13 @@ def check_exportable(c: ModelConfig) -> None:
         )
     if c.norm_eps != 1e-5:
         raise InputError(f"Marian's LayerNorms use eps 1e-5: model.norm_eps is {c.norm_eps:g}")
+    plain = c.positions in ("interleaved", "halves") and not c.position_offset
+    if not (plain and c.scale_embedding and not c.layernorm_embedding):
+        raise InputError(
+            "Marian embeds as the paper (x sqrt(d_model), sinusoids from position 0, no norm): "
+            "a model with other model.positions, position_offset, scale_embedding or "
+            "layernorm_embedding cannot be exported"
+        )
 
 
 def marian_config(c: ModelConfig, tokenizer: Tokenizer, special: dict[str, int]):

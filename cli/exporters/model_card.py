@@ -150,15 +150,17 @@ def ctranslate2_problem(model: Transformer, tokenizer: Tokenizer) -> str | None:
     """Why CTranslate2's converter would not give this model, or None. Its Marian loader
     drops the last id (`<pad>` in OPUS-MT's layout, the export's) and starts every decoder
     from a zero embedding, whatever `decoder_start_token_id` says."""
-    pad, bos = tokenizer.pad_id, tokenizer.bos_id
+    pad = tokenizer.pad_id
     last = (tokenizer.src_vocab_size - 1, tokenizer.tgt_vocab_size - 1)
     if isinstance(tokenizer, MarianTokenizer) and (tokenizer.src_pad_id, pad) != last:
         return "it expects `<pad>` as the last id, which this vocabulary has elsewhere"
-    if model.config.decoder_start == "bos":
+    if model.config.decoder_start != "pad":
+        name = model.config.decoder_start
+        piece = tokenizer.tgt_pieces([tokenizer.decoder_start_id(name)])[0]
         return (
             "its Marian loader starts every decoder from a zero embedding (OPUS-MT's start "
-            f"from a zero `<pad>`), this model's from its trained BOS, "
-            f"`{tokenizer.tgt_pieces([bos])[0]}`: the converted model would translate otherwise"
+            f"from a zero `<pad>`), this model's from its trained {name.upper()}, "
+            f"`{piece}`: the converted model would translate otherwise"
         )
     if model.tgt_embed.token.weight[pad].any():
         return (

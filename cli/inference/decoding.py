@@ -30,6 +30,7 @@ from model.ensemble import Ensemble
 from model.search import (
     Hypothesis,
     LengthPenalty,
+    Prefix,
     Sampling,
     beam_search,
     greedy_search,
@@ -202,14 +203,18 @@ def _sample(step, cache, reorder, batch: Batch, decode: DecodeConfig, limit: int
     )
 
 
-def prefix_tensor(guides: list[Guide | None] | None, device: torch.device) -> Tensor | None:
-    """(B, L) long: each sentence's forced prefix padded with -1; None when none has one."""
-    prefixes = [list(g.prefix) if g else [] for g in guides or []]
+def prefix_tensor(guides: list[Guide | None] | None, device: torch.device) -> Prefix | None:
+    """Each sentence's forced first tokens, (B, L) long padded with -1: its language token
+    (certain, `Guide.forced`), then its prefix; None when none has any."""
+    prefixes = [list(g.forced + g.prefix) if g else [] for g in guides or []]
     if not any(prefixes):
         return None
+    certain = {len(g.forced) if g else 0 for g in guides}
+    if len(certain) > 1:  # one model's lines all have a language token to write, or none
+        raise ValueError(f"sentences forced to write {sorted(certain)} language tokens")
     longest = max(map(len, prefixes))
     rows = [p + [-1] * (longest - len(p)) for p in prefixes]
-    return torch.tensor(rows, dtype=torch.long, device=device)
+    return Prefix(torch.tensor(rows, dtype=torch.long, device=device), certain.pop())
 
 
 def sample_noise(batch: Batch, decode: DecodeConfig, steps: int) -> Tensor:

@@ -29,7 +29,13 @@ from cli.inference.decoding import (
     length_penalty,
     translate_ids,
 )
-from cli.inference.languages import check_to, with_language, with_languages
+from cli.inference.languages import (
+    check_from,
+    check_to,
+    short_list,
+    with_language,
+    with_languages,
+)
 from cli.inference.requests import Guide, Request, encode_guide
 from cli.training.checkpoint import CheckpointError, load_for_inference
 from data.config import direction_of
@@ -56,40 +62,61 @@ class Engine:
     search: Search
     model: Transformer | Ensemble | None = None  # the PyTorch model(s), when that is the engine
     to: str = ""  # the output language (--to) of a multilingual model, unless a line says
-    # {language: its token} of a multilingual model; {} for a one-way one. From the config and
-    # the tokenizer, always (`replace` recomputes it).
+    frm: str = ""  # the source language (--from), unless a line says
+    # {language: its token} of the languages the model writes where a token says which: a
+    # multilingual model's; every model's whose decoder writes it first (lang_token_side
+    # target). {} for a one-way model of source-side tokens. From the config and the
+    # tokenizer, always (`replace` recomputes it); `sources` likewise for the languages read.
     languages: dict[str, str] = field(init=False, default_factory=dict)
+    sources: dict[str, str] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.config = with_languages(self.config, self.tokenizer)
         self.languages = self.config.data.lang_tokens()
+        self.sources = self.config.data.source_tokens()
 
-    def choose(self, to: str, where: str = "--to") -> None:
-        """Translate into `to` (a multilingual model's lines that name no language)."""
+    @property
+    def multilingual(self) -> bool:
+        """Whether a line needs a language to write (--to, its "to", its own token)."""
+        return len(self.languages) > 1
+
+    @property
+    def target_side(self) -> bool:
+        """Whether the decoder writes the target language's token first (NLLB, M2M100...)."""
+        return self.config.data.lang_token_side == "target"
+
+    def choose(self, to: str, where: str = "--to", frm: str = "") -> None:
+        """Translate into `to` (a multilingual model's lines that name no language), from `frm`
+        (lines that name none, of a model whose source says its language)."""
         check_to(to, self.languages, self.config, where)
-        self.to = to
+        check_from(frm, self.config, "--from")
+        self.to, self.frm = to, frm
 
     def direction(self, command: str) -> tuple[str, str]:
         """(source, target) language of what `command` makes (a corpus's file names): a
-        multilingual model's is into --to, which it needs, from the language its corpora
-        translate into that one from ("src" where several do).
+        multilingual model's is into --to, which it needs, from --from or the language its
+        corpora translate into that one from ("src" where several do).
 
         Raises:
             InputError: a multilingual model and no --to, naming its languages; or a source
                 language the same as the target (the corpus's two files would be one).
         """
-        if self.languages and not self.to:
+        if self.multilingual and not self.to:
             raise InputError(
                 f"{command}: the model is multilingual: choose the language to translate into "
-                f"with --to, one of {', '.join(self.languages)}"
+                f"with --to, one of {short_list(self.languages)}"
             )
-        source, target = self.reads(), self.to or self.config.data.target_langs()[0]
+        source, target = self.frm or self.reads(), self.target()
         if source == target:
             raise InputError(
                 f"{command}: source and target language are both {source!r}: the pairs' two "
                 f"files would be one, train.{source}"
             )
         return source, target
+
+    def target(self, to: str = "") -> str:
+        """The language a line is written into: `to` (its own), --to, or the model's one."""
+        return to or self.to or self.config.data.target_langs()[0]
 
     def reads(self) -> str:
         """The source language of the direction chosen (--to, or a one-way model's own):
@@ -101,19 +128,28 @@ class Engine:
         """The languages the model reads into the language chosen (--to, or a one-way
         model's own); a multilingual model's, none chosen: every language it reads."""
         d = self.config.data
-        if self.languages and not self.to:
-            return list(dict.fromkeys(src for src, _ in d.translates()))
-        return d.sources_into(self.to or d.target_langs()[0])
+        if self.frm:
+            return [self.frm]
+        if self.multilingual and not self.to:
+            return d.source_langs()
+        return d.sources_into(self.target())
 
-    def source_text(self, line: str | Request, where: str, to: str = "") -> str:
-        """A line as the model reads it: a multilingual model's with its language's token, the
-        one its own "to" names, else the one it starts with, else `to`'s (a default the caller
-        has checked: `check_to`) or the engine's."""
-        default = to or self.to
-        if isinstance(line, Request):
-            check_to(line.to, self.languages, self.config, where)
-            return with_language(line.text, line.to or default, self.languages, where, line.to)
-        return with_language(line, default, self.languages, where)
+    def source_text(self, line: str | Request, where: str, to: str = "", frm: str = "") -> str:
+        """A line as the model reads it: with the token of the language it asks to be written
+        in (a multilingual model's: its own "to", else the one it starts with, else `to`'s,
+        a default the caller has checked with `check_to`, or the engine's), or, where the
+        source says its own language (`lang_token_side: target`), that language's token (its
+        own "from", the one it starts with, `frm`, --from, or the model's one into its
+        target)."""
+        request = line if isinstance(line, Request) else Request(line)
+        check_to(request.to, self.languages, self.config, where)
+        if not self.target_side:
+            lang = request.to or to or self.to
+            return with_language(request.text, lang, self.languages, where, request.to)
+        check_from(request.frm, self.config, where)
+        sources = self.config.data.sources_into(self.target(request.to or to))
+        default = request.frm or frm or self.frm or (sources[0] if len(sources) == 1 else "")
+        return with_language(request.text, default, self.sources, where, request.frm, "from")
 
     def stream(
         self,
@@ -141,23 +177,34 @@ class Engine:
             first += len(chunk)
 
     def guides(self, chunk: list, src_ids: list[list[int]], source: str, first: int) -> Guides:
-        """The chunk's prefixes and constraints as ids, each line's checked (`encode_guide`)."""
-        if not any(isinstance(r, Request) and (r.prefix or r.constraints) for r in chunk):
+        """The chunk's guides (`guide`), each line's checked; None when no line has one."""
+        asks = any(isinstance(r, Request) and (r.prefix or r.constraints) for r in chunk)
+        if not asks and not self.target_side:
             return None
-        guides = []
-        for n, (request, ids) in enumerate(zip(chunk, src_ids)):
-            where = f"{source}:{first + n}"
-            if not isinstance(request, Request):
-                guides.append(None)
-                continue
-            if request.constraints and self.config.decode.sampling:
-                raise InputError(
-                    f"{where}: constraints need beam search; sampling cannot keep them"
-                )
-            limit = length_limit(len(ids), self.config)
-            ours = self.model is not None  # CTranslate2 has no constraints
-            guides.append(encode_guide(self.tokenizer, request, len(ids), limit, where, ours))
-        return guides
+        return [
+            self.guide(r, ids, f"{source}:{first + n}", self.config.decode)
+            for n, (r, ids) in enumerate(zip(chunk, src_ids))
+        ]
+
+    def guide(
+        self, line: str | Request, ids: list[int], where: str, decode: DecodeConfig, to: str = ""
+    ) -> Guide | None:
+        """What the search of one line is made to do besides translating: write the target
+        language's token first (`lang_token_side: target`: certain, as transformers'
+        `forced_bos_token_id`), then the request's prefix, with its constraints
+        (`encode_guide`, checked); None for nothing. An empty line gets none: it is not
+        searched (its translation is empty)."""
+        request = line if isinstance(line, Request) else Request(line)
+        if request.constraints and decode.sampling:
+            raise InputError(f"{where}: constraints need beam search; sampling cannot keep them")
+        forced = self.target_side and bool(ids)  # the language token takes one place
+        limit = length_limit(len(ids), replace(self.config, decode=decode)) - forced
+        ours = self.model is not None  # CTranslate2 has no constraints
+        guide = encode_guide(self.tokenizer, request, len(ids), limit, where, ours)
+        if not forced:
+            return guide
+        token = self.languages[self.target(request.to or to)]
+        return replace(guide or Guide(), forced=tuple(self.tokenizer.tgt_piece_ids([token])))
 
 
 def check_found(
@@ -185,11 +232,13 @@ def load_engine(
     overrides: list[str],
     int8: bool = False,
     to: str = "",
+    frm: str = "",
 ) -> Engine:
     """The engine for RUN (a run directory or checkpoint) or for an exported CTranslate2 DIR,
     its decode settings checked against it and `device` (see the module docstring). Several
     runs decode as an ensemble (`model.ensemble`), with the first run's settings. `to`: the
-    output language of a multilingual model (`cli.inference.languages`).
+    output language of a multilingual model, `frm` the source's of a model that reads it
+    (`cli.inference.languages`).
 
     Raises:
         InputError: a setting this engine cannot run on this device (fp16 on a CPU, a patience
@@ -207,7 +256,7 @@ def load_engine(
         if int8:
             raise InputError(f"{runs[0]}: --int8 is for PyTorch models; export with --quantization")
         engine = ctranslate2_engine(Path(runs[0]), device, overrides)
-        engine.choose(to)
+        engine.choose(to, frm=frm)
         return engine
     model, tokenizer, config = load_for_inference(runs[0], device)
     models = [model]
@@ -232,7 +281,7 @@ def load_engine(
         return translate_ids(model, tokenizer, src_ids, decode, device, guides=guides)
 
     engine = Engine(tokenizer, config, search, model)
-    engine.choose(to)
+    engine.choose(to, frm=frm)
     return engine
 
 

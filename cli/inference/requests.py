@@ -1,6 +1,6 @@
 """What a user asks of one sentence beyond its text: a target prefix (the translation starts
 with it), terminology constraints (each phrase appears in it) and, of a multilingual model,
-the output language, as `tf translate
+the output language (and the source's, where the model reads it), as `tf translate
 --input-format jsonl` reads them, one object a line,
 
     {"text": "El perro come.", "prefix": "The dog", "constraints": ["eats"], "to": "en"}
@@ -18,7 +18,7 @@ from data.errors import InputError
 from data.text import nul_problem
 from data.tokenizer import Tokenizer
 
-FIELDS = ("text", "prefix", "constraints", "to")
+FIELDS = ("text", "prefix", "constraints", "to", "from")
 
 
 @dataclass(frozen=True)
@@ -27,14 +27,17 @@ class Request:
     prefix: str = ""
     constraints: tuple[str, ...] = ()
     to: str = ""  # the output language of a multilingual model (--to for this line)
+    frm: str = ""  # the language the text is in, where the model reads it (--from for this line)
 
 
 @dataclass(frozen=True)
 class Guide:
-    """A request's prefix and constraints as target piece ids."""
+    """A request's prefix and constraints as target piece ids, after `forced`: the target
+    language's token a model writes first (`data.lang_token_side: target`), certain."""
 
     prefix: tuple[int, ...] = ()
     constraints: tuple[tuple[int, ...], ...] = ()
+    forced: tuple[int, ...] = ()
 
 
 def request_of(item: object, where: str) -> Request:
@@ -55,14 +58,16 @@ def request_of(item: object, where: str) -> Request:
     constraints = item.get("constraints", [])
     if not isinstance(constraints, list) or not all(isinstance(c, str) for c in constraints):
         raise ValueError(f'{where}: "constraints" must be a list of strings')
-    to = item.get("to", "")
-    if not isinstance(to, str):
-        raise ValueError(f'{where}: "to" must be a language code, got {type(to).__name__}')
+    langs = {key: item.get(key, "") for key in ("to", "from")}
+    for key, lang in langs.items():
+        if not isinstance(lang, str):
+            raise ValueError(f'{where}: "{key}" must be a language code, got {type(lang).__name__}')
     return Request(
         _text(item["text"], f"{where}.text"),
         _text(prefix, f"{where}.prefix"),
         tuple(_text(c, f"{where}.constraints") for c in constraints),
-        to.strip(),
+        langs["to"].strip(),
+        langs["from"].strip(),
     )
 
 

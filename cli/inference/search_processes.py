@@ -46,6 +46,7 @@ class EngineSpec:
     overrides: list[str]
     int8: bool = False
     to: str = ""
+    frm: str = ""
 
 
 class Ended(Exception):
@@ -216,7 +217,7 @@ def serve_searches(spec: EngineSpec, threads: int, conn, load=None, workers: int
         torch.set_num_threads(threads)
     try:
         device = pick_device(spec.device)
-        engine = load_engine(spec.runs, device, spec.overrides, spec.int8, spec.to)
+        engine = load_engine(spec.runs, device, spec.overrides, spec.int8, spec.to, spec.frm)
     except Exception as err:  # noqa: BLE001 - the server raises it
         conn.send((False, portable(err)))
         return

@@ -25,9 +25,9 @@ from pathlib import Path
 from cli.config import DecodeConfig
 from cli.inference.batcher import Batcher, QueueFull
 from cli.inference.decoding import source_ids
-from cli.inference.engines import Engine, Search, check_found, length_limit
-from cli.inference.languages import check_to
-from cli.inference.requests import Guide, Request, encode_guide, request_of
+from cli.inference.engines import Engine, Search, check_found
+from cli.inference.languages import check_from, check_to
+from cli.inference.requests import Guide, Request, request_of
 from data.config import direction_of
 from data.errors import InputError
 
@@ -71,8 +71,8 @@ def check_engine(engine: Engine) -> None:
 
 def parse_request(
     body: bytes, engine: Engine, limits: Limits
-) -> tuple[list[Request], DecodeConfig, str]:
-    """The lines, decode settings and output language (the body's "to", every sentence's
+) -> tuple[list[Request], DecodeConfig, dict[str, str]]:
+    """The lines, decode settings and languages (the body's "to" and "from", every sentence's
     that names none of its own) a POST /translate body asks for, or a RequestError."""
     try:
         request = json.loads(body)
@@ -84,18 +84,20 @@ def parse_request(
         raise RequestError(400, "the body holds a number too long to read") from None
     if not isinstance(request, dict) or "text" not in request:
         raise RequestError(400, 'expected a JSON object with "text": a list of sentences')
-    unknown = sorted(set(request) - {"text", "beam", "to"})
+    unknown = sorted(set(request) - {"text", "beam", "to", "from"})
     if unknown:
-        raise RequestError(400, f'unknown field(s) {unknown}: only "text", "beam" and "to"')
+        raise RequestError(400, f'unknown field(s) {unknown}: only "text", "beam", "to" and "from"')
     beam = request.get("beam", engine.config.decode.beam_size)
     lines = parse_text(request["text"], limits)
-    to = request.get("to", "")
-    if not isinstance(to, str):
-        raise RequestError(400, f'"to" must be a language code, got {type(to).__name__}')
+    langs = {key: request.get(key, "") for key in ("to", "from")}
+    for key, lang in langs.items():
+        if not isinstance(lang, str):
+            raise RequestError(400, f'"{key}" must be a language code, got {type(lang).__name__}')
     problem = beam_problem(beam)
     if problem:
         raise RequestError(400, f'"beam" must be {problem}')
-    return lines, replace(engine.config.decode, beam_size=beam, nbest=1), to.strip()
+    decode = replace(engine.config.decode, beam_size=beam, nbest=1)
+    return lines, decode, {key: lang.strip() for key, lang in langs.items()}
 
 
 def parse_text(text: object, limits: Limits) -> list[Request]:
@@ -111,13 +113,17 @@ def parse_text(text: object, limits: Limits) -> list[Request]:
         raise RequestError(400, str(e)) from None
 
 
-def encode_within_limit(engine: Engine, requests: list[Request], to: str) -> list[list[int]]:
+def encode_within_limit(
+    engine: Engine, requests: list[Request], langs: dict[str, str]
+) -> list[list[int]]:
     """Source ids of the requests (a multilingual model's with the token of the language each
-    asks for, the body's `to` for a sentence that names none); a sentence longer than the
-    model takes is a 400, not cut."""
+    asks for, the body's "to" and "from" for a sentence that names none); a sentence longer
+    than the model takes is a 400, not cut."""
+    to, frm = langs["to"], langs["from"]
     try:
         check_to(to, engine.languages, engine.config, '"to"')  # once, named as the body's
-        texts = [engine.source_text(r, f"text[{i}]", to) for i, r in enumerate(requests)]
+        check_from(frm, engine.config, '"from"')
+        texts = [engine.source_text(r, f"text[{i}]", to, frm) for i, r in enumerate(requests)]
     except InputError as e:  # no language, or one the model lacks
         raise RequestError(400, str(e)) from None
     ids = source_ids(engine.tokenizer, texts)
@@ -129,24 +135,23 @@ def encode_within_limit(engine: Engine, requests: list[Request], to: str) -> lis
 
 
 def guides_of(
-    engine: Engine, requests: list[Request], src_ids: list[list[int]], decode: DecodeConfig
+    engine: Engine,
+    requests: list[Request],
+    src_ids: list[list[int]],
+    decode: DecodeConfig,
+    to: str,
 ) -> list[Guide | None] | None:
-    """The requests' prefixes and constraints as ids (None when none asks any), or a 400."""
-    if not any(r.prefix or r.constraints for r in requests):
+    """The requests' guides (`Engine.guide`: a language token written first, a prefix,
+    constraints; None when none has any), or a 400."""
+    if not any(r.prefix or r.constraints for r in requests) and not engine.target_side:
         return None
-    guides = []
-    for i, (request, ids) in enumerate(zip(requests, src_ids)):
-        if request.constraints and decode.sampling:
-            raise RequestError(400, f"text[{i}]: constraints need beam search, not sampling")
-        limit = length_limit(len(ids), replace(engine.config, decode=decode))
-        try:
-            ours = engine.model is not None  # CTranslate2 has no constraints
-            guides.append(
-                encode_guide(engine.tokenizer, request, len(ids), limit, f"text[{i}]", ours)
-            )
-        except InputError as e:
-            raise RequestError(400, str(e)) from None
-    return guides
+    try:
+        return [
+            engine.guide(r, ids, f"text[{i}]", decode, to)
+            for i, (r, ids) in enumerate(zip(requests, src_ids))
+        ]
+    except InputError as e:
+        raise RequestError(400, str(e)) from None
 
 
 def check_json_body(request) -> None:
@@ -287,11 +292,11 @@ def health_fields(engine: Engine, name: str, engine_kind: str, limits: Limits) -
 async def translate_request(request, engine: Engine, batcher: Batcher, limits: Limits) -> list[str]:
     """One POST /translate: checked, queued, awaited, decoded."""
     check_json_body(request)
-    requests, decode, to = parse_request(await read_body(request), engine, limits)
+    requests, decode, langs = parse_request(await read_body(request), engine, limits)
     if not requests:
         return []
-    src_ids = encode_within_limit(engine, requests, to)
-    guides = guides_of(engine, requests, src_ids, decode)
+    src_ids = encode_within_limit(engine, requests, langs)
+    guides = guides_of(engine, requests, src_ids, decode, langs["to"])
     try:
         done = batcher.submit(src_ids, decode, guides)
     except QueueFull as e:

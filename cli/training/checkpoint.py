@@ -8,6 +8,7 @@ leaves the previous checkpoint whole.
 
 from __future__ import annotations
 
+import difflib
 import os
 import shutil
 from dataclasses import fields, replace
@@ -111,8 +112,9 @@ def config_from_checkpoint(ckpt: dict[str, Any], path: Path) -> Config:
 
 # What `train.init` takes from its checkpoint besides the tokenizer: the settings that decide
 # which weights exist, their shapes and what they mean. Every other setting stays as the
-# config says: the dropouts, and `max_positions`, which shapes no weight (the sinusoidal table
-# is computed and never saved), so the config's own limit holds for the sentences it trains on.
+# config says: the dropouts (LayerDrop's too), and `max_positions`, which shapes no weight (the
+# sinusoidal table is computed and never saved), so the config's own limit holds for the
+# sentences it trains on; but a learned table's (`positions: learned`) is its rows.
 INIT_SHAPES = (
     "d_model",
     "n_heads",
@@ -127,6 +129,9 @@ INIT_SHAPES = (
     "decoder_start",
     "norm_eps",
     "positions",
+    "position_offset",
+    "scale_embedding",
+    "layernorm_embedding",
 )
 
 
@@ -145,6 +150,8 @@ def with_init(config: Config) -> Config:
     init = config_from_checkpoint(ckpt, path)
     tokenizer = init_tokenizer(config, ckpt, path, run)
     shapes = {name: getattr(init.model, name) for name in INIT_SHAPES}
+    if init.model.positions == "learned":
+        shapes["max_positions"] = init.model.max_positions
     # The run adopts that tokenizer (data.tokenizer); joint_vocab then says what it is, as the
     # check of tie_embeddings "all" needs; and it translates what the model translates.
     data = replace(config.data, tokenizer=str(tokenizer.directory), joint_vocab=tokenizer.joint)
@@ -182,16 +189,18 @@ def init_tokenizer(config: Config, ckpt: dict[str, Any], path: Path, run: RunDir
 
 
 def init_languages(d: DataConfig, init: DataConfig, path: Path) -> DataConfig:
-    """`d` translating what `train.init`'s model translates (`DataConfig.translates`) besides
-    its own corpora: its directions recorded (a multilingual model tuned on one direction
-    keeps the others, and their tokens), its languages the default of corpora that name none.
+    """`d` translating what `train.init`'s model translates (`DataConfig.translates`,
+    `languages`) besides its own corpora: its directions and languages recorded (a
+    multilingual model tuned on one direction keeps the others, and their tokens), where its
+    tokens go, its languages the default of corpora that name none.
 
     A corpus may read another source language (transfer: an es->en model tuned on pt->en),
-    but write only into a language the model writes: its decoder learned those alone.
+    but write only into a language the model writes: its decoder learned those alone; a model
+    whose source says its language (NLLB's) reads only its own languages (each a token).
 
     Raises:
-        ConfigError: a corpus into a language the model does not translate into, or another
-            form of target-language token than the model's.
+        ConfigError: a corpus in a language the model lacks, naming the nearest it has, or
+            another form of language token than the model's.
     """
     ways = init.translates()  # a one-way model's direction is its corpora's, not its defaults
     src, tgt = ways[0] if len(ways) == 1 else (init.src_lang, init.tgt_lang)
@@ -199,24 +208,49 @@ def init_languages(d: DataConfig, init: DataConfig, path: Path) -> DataConfig:
         d = replace(d, src_lang=src)
     if d.tgt_lang == DataConfig.tgt_lang:
         d = replace(d, tgt_lang=tgt)
-    if init.lang_tokens():  # its tokens are pieces of its tokenizer, in its form
+    if init.lang_tokens() or init.source_tokens():  # pieces of its tokenizer, in its form
         if d.lang_token not in (init.lang_token, DataConfig.lang_token):
             raise ConfigError(
-                f"data.lang_token {d.lang_token!r}: train.init {path} writes its "
-                f"target-language tokens as {init.lang_token!r}, which fine-tuning keeps"
+                f"data.lang_token {d.lang_token!r}: train.init {path} writes its language "
+                f"tokens as {init.lang_token!r}, which fine-tuning keeps"
             )
-        d = replace(d, lang_token=init.lang_token)
-    targets = init.target_langs()
+        d = replace(d, lang_token=init.lang_token, lang_token_side=init.lang_token_side)
+    check_init_languages(d, init, path)
+    recorded = [direction_of(*way) for way in init.translates()]
+    return replace(
+        d,
+        directions=list(dict.fromkeys([*recorded, *d.directions])),
+        languages=list(dict.fromkeys([*init.languages, *d.languages])),
+    )
+
+
+def check_init_languages(d: DataConfig, init: DataConfig, path: Path) -> None:
+    """Each corpus writes a language `init` writes, and (where the source says its language)
+    reads one it reads.
+
+    Raises:
+        ConfigError: naming the corpus, the language and the model's nearest ones.
+    """
+    reads = init.source_langs() if init.lang_token_side == "target" else None
     for i, c in enumerate(d.corpora()):
         src, tgt = d.direction(c)
-        if tgt not in targets:
-            raise ConfigError(
-                f"{corpus_name(d, i)} ({c.corpus}) translates {src}->{tgt}: train.init {path} "
-                f"translates into {', '.join(targets)}, and fine-tuning keeps the languages a "
-                "model writes (name the corpus's languages: src_lang, tgt_lang, reverse)"
-            )
-    recorded = [direction_of(*way) for way in init.translates()]
-    return replace(d, directions=list(dict.fromkeys([*recorded, *d.directions])))
+        for lang, known, does in (
+            (tgt, init.target_langs(), "translates into"),
+            (src, reads, "reads"),
+        ):
+            if known is not None and lang not in known:
+                near = difflib.get_close_matches(lang, known, n=3, cutoff=0.0)
+                raise ConfigError(
+                    f"{corpus_name(d, i)} ({c.corpus}) translates {src}->{tgt}: train.init "
+                    f"{path} {does} {short(known)}, not {lang} (nearest: {', '.join(near)}); "
+                    "fine-tuning keeps a model's languages (name the corpus's: src_lang, "
+                    "tgt_lang, reverse)"
+                )
+
+
+def short(langs: list[str]) -> str:
+    """A dozen languages at most, then their count (NLLB has 202)."""
+    return ", ".join(langs) if len(langs) <= 12 else f"{len(langs)} languages"
 
 
 def check_keeps_tokenizer(d: DataConfig, tokenizer: Tokenizer, path: Path) -> None:

@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from cli.config import Config, DecodeConfig
 from cli.device import autocast_dtype, configure_device, make_deterministic
 from cli.inference.decoding import translate_ids
+from cli.inference.requests import Guide
 from cli.inference.scoring import score
 from cli.training import distributed
 from cli.training.checkpoint import (
@@ -514,12 +515,11 @@ class Trainer:
         loss, nll = sums.tolist()
         per_set = {}
         for dev in self.data.dev_sets:
+            # A decoder that writes the target language first is made to, as `tf translate`.
+            guides = [Guide(forced=tuple(dev.forced))] * len(dev.src_ids) if dev.forced else None
+            decode = validation_decode(self.config.decode)
             hyps = translate_ids(
-                model,
-                self.tokenizer,
-                dev.src_ids,
-                validation_decode(self.config.decode),
-                self.device,
+                model, self.tokenizer, dev.src_ids, decode, self.device, guides=guides
             )
             texts = self.tokenizer.decode_tgt([h[0].tokens for h in hyps])
             per_set[dev.name] = score(texts, dev.refs)

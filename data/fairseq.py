@@ -1,0 +1,480 @@
+"""The tokenizers of NLLB-200, M2M100 and mBART-50 (fairseq trained all three), read as
+transformers' `NllbTokenizer`, `M2M100Tokenizer` and `MBart50Tokenizer` read them.
+
+    sentencepiece.bpe.model  the SentencePiece model that cuts text into pieces
+    tokenizer.json           NLLB, mBART-50: every id (the pieces', the codes', <mask>'s)
+    vocab.json               M2M100: the pieces' ids; its language codes follow them
+    tokenizer_config.json    transformers' settings (tokenizer_class, legacy_behaviour, ...)
+    tf_tokenizer.json        what tf reads of them (`FairseqSettings`), written at import
+
+The ids are fairseq's dictionary's: <s> <pad> </s> <unk> at 0-3, then the pieces, then the
+language codes and <mask> wherever the files put them. tokenizer.json says where (the
+published facebook/nllb-* files: the codes after the pieces and <mask> last; a tokenizer
+transformers 5 builds and saves: <mask> first); without one, fairseq's layout (SentencePiece's
+ids + 1, then the codes, then <mask>), which transformers' converters build too. M2M100's
+vocab.json numbers its pieces in fairseq's dictionary order, and its codes follow it, in
+transformers' order (`data.fairseq_languages`). A piece the vocabulary lacks is <unk>.
+
+A source is `[code] X </s>` (NLLB's `legacy_behaviour`: `X </s> [code]`), as transformers frames
+it with `src_lang` the code. tf puts the code at the start of the line ("fra_Latn Hola",
+"__fr__ Hola", "fr_XX Hola"; the codes are the tokenizer's tags), and a line without one is
+`X </s>`. A target is its pieces alone: the batching adds the EOS, and the decoder's first
+token, the target's code, is forced by the run. Decoding drops what transformers'
+`decode(skip_special_tokens=True)` drops (<s>, <pad>, </s>, <unk>, <mask>, the codes) and
+cleans up spaces before punctuation where it does (`clean_up_tokenization_spaces`, which
+transformers 5 ignores for NLLB's BPE). As for Marian, text is text: a literal "</s>" in a line
+is cut into pieces, where transformers reads it as its special id. SentencePiece cuts the
+text, as it did for fairseq's training: a space at a line's end is nothing (transformers 5's
+NLLB tokenizer, built on the `tokenizers` library, makes it a "▁"; tf strips lines anyway).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import sentencepiece as spm
+
+from data.errors import InputError
+from data.fairseq_languages import M2M100_CODES, MBART50_CODES, NLLB_CODES, WMT21_CODES
+from data.files import read_json_object, write_json
+from data.tokenizer_base import (
+    SPACE,
+    BaseTokenizer,
+    load_sentencepiece,
+    pieces_by_id,
+    read_vocabulary,
+    split_tags,
+)
+
+SPM = "sentencepiece.bpe.model"
+TOKENIZER_JSON = "tokenizer.json"
+VOCAB = "vocab.json"
+HF_CONFIG = "tokenizer_config.json"
+SETTINGS = "tf_tokenizer.json"
+# Files of transformers' that an import carries along, unread by tf (an export writes them back).
+CARRIED = ("special_tokens_map.json", "added_tokens.json")
+SPECIAL_TOKENS = {"bos_id": "<s>", "pad_id": "<pad>", "eos_id": "</s>", "unk_id": "<unk>"}
+MASK = "<mask>"
+# transformers' `clean_up_tokenization`, in its order.
+CLEAN_UP = [(" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't")]
+CLEAN_UP += [(" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")]
+
+
+@dataclass(frozen=True)
+class Family:
+    """What one family's tokenizer files hold and how transformers reads them."""
+
+    kind: str  # as tf_tokenizer.json names it
+    title: str  # as messages name it
+    classes: tuple[str, ...]  # its transformers classes (tokenizer_config.json's tokenizer_class)
+    lang_token: str  # a language's code piece, {lang} filled in
+    code: re.Pattern[str]  # what a code piece looks like (among tokenizer.json's added tokens)
+    # transformers' lists of its code pieces, in its order, by tokenizer_config.json's
+    # `language_codes` (M2M100's "m2m100" or "wmt21"); the first where it names none.
+    code_lists: dict[str, tuple[str, ...]]
+    needs: tuple[str, ...]  # the files it cannot do without
+    # transformers reads it with SentencePiece in Python (M2M100), not with the `tokenizers`
+    # library (NLLB, mBART-50), whose decoder joins the pieces its own way.
+    sentencepiece_decodes: bool
+    # transformers' decode cleans up spaces where tokenizer_config.json asks it to (its
+    # `tokenizers` BPE, NLLB's, never: transformers 5 calls that cleanup destructive).
+    cleans_up: bool
+
+    def language(self, code: str) -> str:
+        """The language a code piece names ("__fr__" -> "fr", "fra_Latn" -> "fra_Latn")."""
+        head, tail = self.lang_token.split("{lang}")
+        return code[len(head) : len(code) - len(tail)]
+
+    def codes_in(self, config: dict, path: Path) -> tuple[str, ...]:
+        """Transformers' list of the code pieces that `config` (tokenizer_config.json) names."""
+        name = config.get("language_codes", next(iter(self.code_lists)))
+        if name not in self.code_lists:
+            known = " or ".join(self.code_lists)
+            raise InputError(f"{path}: language_codes must be {known}, not {name!r}")
+        return self.code_lists[name]
+
+
+NLLB = Family(
+    "nllb",
+    "NLLB-200",
+    ("NllbTokenizer", "NllbTokenizerFast"),
+    "{lang}",
+    re.compile(r"[a-z]{3}_[A-Z][a-z]{3}"),
+    {"nllb": NLLB_CODES},
+    (SPM,),
+    sentencepiece_decodes=False,
+    cleans_up=False,
+)
+M2M100 = Family(
+    "m2m100",
+    "M2M100",
+    ("M2M100Tokenizer",),
+    "__{lang}__",
+    re.compile(r"__[a-z]{2,3}__"),
+    {
+        "m2m100": tuple(f"__{lang}__" for lang in M2M100_CODES),
+        "wmt21": tuple(f"__{lang}__" for lang in WMT21_CODES),
+    },
+    (SPM, VOCAB),
+    sentencepiece_decodes=True,
+    cleans_up=True,
+)
+MBART50 = Family(
+    "mbart50",
+    "mBART-50",
+    ("MBart50Tokenizer", "MBart50TokenizerFast"),
+    "{lang}",
+    re.compile(r"[a-z]{2}_[A-Z]{2}"),
+    {"mbart50": MBART50_CODES},
+    (SPM,),
+    sentencepiece_decodes=False,
+    cleans_up=True,
+)
+FAMILIES = {family.kind: family for family in (NLLB, M2M100, MBART50)}
+
+
+@dataclass(frozen=True)
+class FairseqSettings:
+    """tf_tokenizer.json: what tf reads of transformers' settings, as one JSON object.
+
+    {"kind": "nllb", "codes": ["ace_Arab", ...], "legacy_behaviour": false,
+     "src_lang": "eng_Latn", "clean_up_tokenization_spaces": false}
+
+    kind: "nllb", "m2m100" or "mbart50". codes: the language-code pieces, in id order (M2M100's
+    ids are vocab.json's size + their place here). legacy_behaviour: NLLB's sources end in
+    `</s> [code]`. src_lang: the language tokenizer_config.json names as the source's (None
+    where it names none). clean_up_tokenization_spaces: decoding removes the space before
+    punctuation (" ," -> ","), as transformers' decode does for this tokenizer's files.
+    """
+
+    kind: str
+    codes: tuple[str, ...]
+    legacy_behaviour: bool = False
+    src_lang: str | None = None
+    clean_up_tokenization_spaces: bool = False
+
+    def save(self, directory: Path) -> Path:
+        """Write tf_tokenizer.json into `directory`; returns its path."""
+        path = directory / SETTINGS
+        write_json(path, {**asdict(self), "codes": list(self.codes)})
+        return path
+
+
+def read_settings(path: Path) -> FairseqSettings:
+    """A tf_tokenizer.json, each key checked.
+
+    Raises:
+        InputError: not a JSON object of those keys and types, naming the file and the key.
+    """
+    value = read_json_object(path)
+    known = {f.name for f in fields(FairseqSettings)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise InputError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+    if value.get("kind") not in FAMILIES:
+        raise InputError(
+            f"{path}: kind must be one of {', '.join(FAMILIES)}, not {value.get('kind')!r}"
+        )
+    codes = value.get("codes")
+    if not isinstance(codes, list) or not all(isinstance(c, str) for c in codes):
+        raise InputError(f"{path}: codes must be a list of the language codes' pieces")
+    for key in ("legacy_behaviour", "clean_up_tokenization_spaces"):
+        if not isinstance(value.get(key, False), bool):
+            raise InputError(f"{path}: {key} must be true or false")
+    if not isinstance(value.get("src_lang"), (str, type(None))):
+        raise InputError(f"{path}: src_lang must be a language or null")
+    return FairseqSettings(**{**value, "codes": tuple(codes)})
+
+
+def family_of(directory: Path) -> Family | None:
+    """The family of the tokenizer in `directory`: the one tf_tokenizer.json names, else the one
+    of tokenizer_config.json's tokenizer_class; None where neither says and there is no
+    sentencepiece.bpe.model.
+
+    Raises:
+        InputError: sentencepiece.bpe.model with nothing that says whose it is.
+    """
+    if (directory / SETTINGS).is_file():
+        return FAMILIES[read_settings(directory / SETTINGS).kind]
+    config = read_json_object(directory / HF_CONFIG, default={})
+    for family in FAMILIES.values():
+        if config.get("tokenizer_class") in family.classes:
+            return family
+    if (directory / SPM).is_file():
+        classes = ", ".join(c for f in FAMILIES.values() for c in f.classes)
+        raise InputError(
+            f"{directory / HF_CONFIG}: no tokenizer_class tf reads ({classes}) for the "
+            f"{SPM} beside it"
+        )
+    return None
+
+
+def _named_family(directory: Path) -> Family:
+    """`family_of(directory)`, which must name one."""
+    family = family_of(directory)
+    if family is None:
+        raise InputError(
+            f"{directory / SPM}: missing (an NLLB-200, M2M100 or mBART-50 tokenizer needs it, "
+            f"and a {HF_CONFIG} naming its tokenizer_class)"
+        )
+    return family
+
+
+def is_fairseq_tokenizer(directory: Path) -> bool:
+    """Whether `directory` holds an NLLB-200, M2M100 or mBART-50 tokenizer (or what looks like
+    one: `FairseqTokenizer` says what is wrong with it)."""
+    if (directory / SETTINGS).is_file() or (directory / SPM).is_file():
+        return True
+    try:
+        return family_of(directory) is not None
+    except InputError:
+        return True
+
+
+class FairseqTokenizer(BaseTokenizer):
+    """The tokenizer interface (`data.tokenizer_base`) over an NLLB-200, M2M100 or mBART-50
+    model's files (see the module docstring): one vocabulary for both sides (`joint`).
+
+    Attributes (besides `BaseTokenizer`'s): family: the model family (`NLLB`, `M2M100`,
+    `MBART50`); settings: what tf reads of transformers' settings (`FairseqSettings`, saved
+    as tf_tokenizer.json by `settings.save`); tags: {code piece: id}, the language codes alone;
+    languages: {language: code piece} ("fr": "__fr__").
+    """
+
+    def __init__(self, directory: Path, family: Family | None = None) -> None:
+        """Read the tokenizer in `directory`, of `family` (else the one its files name).
+
+        Raises:
+            InputError: a file missing or not what it should be, naming it.
+        """
+        self.directory = directory
+        self.family = family = family or _named_family(directory)
+        for path in (directory / name for name in family.needs):
+            if not path.is_file():
+                needs = " and ".join(family.needs)
+                raise InputError(f"{path}: missing (an {family.title} tokenizer needs {needs})")
+        self._spm = load_sentencepiece(directory / SPM)
+        numbered = _numbered_pieces(directory, family, self._spm)
+        self.settings = (
+            read_settings(directory / SETTINGS)
+            if (directory / SETTINGS).is_file()
+            else derive_settings(directory, family, numbered)
+        )
+        if self.settings.kind != family.kind:
+            raise InputError(
+                f"{directory / SETTINGS}: kind {self.settings.kind}, not {family.kind}"
+            )
+        self._pieces = _complete(directory, numbered, family, self.settings)
+        self._vocab: dict[str, int] = {}
+        for i, piece in enumerate(self._pieces):
+            self._vocab.setdefault(piece, i)  # (a piece numbered twice reads as its first id)
+        for name, piece in SPECIAL_TOKENS.items():
+            if piece not in self._vocab:
+                raise InputError(f"{directory}: no {piece} in the vocabulary")
+            setattr(self, name, self._vocab[piece])
+        self.joint = True
+        self.src_vocab_size = self.tgt_vocab_size = len(self._pieces)
+        self.tags = {code: self._vocab[code] for code in self.settings.codes}
+        self._code_starts = tuple(self.tags)
+        self.languages = {family.language(code): code for code in self.settings.codes}
+        self.src_lang = self.settings.src_lang
+        # What transformers' decode skips: tokenizer.json's special added tokens, and (where
+        # there is none) <s> <pad> </s> <unk>, the codes and <mask>.
+        special = [*SPECIAL_TOKENS.values(), *self.tags, *([MASK] if MASK in self._vocab else [])]
+        self._skipped = set(numbered.special) | {self._vocab[p] for p in special}
+        names = [SPM, TOKENIZER_JSON, VOCAB, HF_CONFIG, *CARRIED, SETTINGS]
+        self._paths = [directory / name for name in names if (directory / name).is_file()]
+
+    def encode_src(self, texts: list[str]) -> list[list[int]]:
+        """Sources to ids: `[code] X </s>` (legacy: `X </s> [code]`) for a line that starts
+        with a code, `X </s>` for one that does not."""
+        split = [split_tags(text, self._code_starts) for text in texts]
+        rows = self._encode([rest for _, rest in split])
+        return [
+            self._framed([self.tags[c] for c in codes], row) for (codes, _), row in zip(split, rows)
+        ]
+
+    def tagged_src(self, tag_ids: list[int], ids: list[int]) -> list[int]:
+        """`ids` (`X </s>`) with the source's code where `encode_src` puts it (legacy: last)."""
+        return [*ids, *tag_ids] if self.settings.legacy_behaviour else [*tag_ids, *ids]
+
+    def _framed(self, codes: list[int], row: list[int]) -> list[int]:
+        if self.settings.legacy_behaviour:
+            return [*row, self.eos_id, *codes]
+        return [*codes, *row, self.eos_id]
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        """The ids of the pieces SentencePiece cuts each text into; nothing added. Pieces are
+        looked up as strings, as transformers' M2M100Tokenizer looks them up: fairseq built
+        M2M100's vocab.json from SentencePiece's output, where a character the model lacks
+        is itself ("É"), so the vocabulary numbers some of those."""
+        vocab, unk = self._vocab, self.unk_id
+        rows = self._spm.encode(list(texts), out_type=str, num_threads=self.threads)
+        return [[vocab.get(p, unk) for p in row] for row in rows]
+
+    def truncate_src(self, ids: list[int], max_len: int) -> list[int]:
+        """Cut to `max_len` as transformers truncates: the leading codes and the final
+        `</s>` (and a legacy source's code after it) are kept, the text between is cut."""
+        if len(ids) <= max_len:
+            return list(ids)
+        codes = set(self.tags.values())
+        head = next((n for n, i in enumerate(ids) if i not in codes), len(ids))
+        tail = next((n for n, i in enumerate(reversed(ids)) if i not in codes), len(ids))
+        if tail < len(ids) and ids[len(ids) - 1 - tail] == self.eos_id:
+            tail += 1
+        keep = max(0, max_len - head - tail)
+        return [*ids[:head], *ids[head : head + keep], *ids[len(ids) - tail :]][:max_len]
+
+    def encode_tgt(self, texts: list[str]) -> list[list[int]]:
+        """Targets to ids; no code, no EOS (the run forces the one, the batching adds the other)."""
+        return self._encode(texts)
+
+    def decode_src(self, ids: list[list[int]]) -> list[str]:
+        return self.decode_tgt(ids)
+
+    def decode_tgt(self, ids: list[list[int]]) -> list[str]:
+        """As transformers' `decode(ids, skip_special_tokens=True)`: the codes, <s>, <pad>,
+        </s>, <unk> and <mask> go."""
+        return [self._decode(row) for row in ids]
+
+    def _decode(self, row: list[int]) -> str:
+        kept = [self._pieces[i] for i in map(int, row) if i not in self._skipped]
+        if self.family.sentencepiece_decodes:  # transformers' M2M100Tokenizer, stripped
+            text = self._spm.decode_pieces(kept).strip()
+        else:  # the `tokenizers` Metaspace decoder: every "▁" a space, but the first piece's
+            text = "".join(p.replace(SPACE, "" if n == 0 else " ") for n, p in enumerate(kept))
+        if self.settings.clean_up_tokenization_spaces:
+            for before, after in CLEAN_UP:
+                text = text.replace(before, after)
+        return text
+
+    def src_pieces(self, text: str) -> list[str]:
+        codes, rest = split_tags(text, self._code_starts)
+        return codes + self._spm.encode(rest, out_type=str)
+
+    def src_id_pieces(self, ids: list[int]) -> list[str]:
+        return self.tgt_pieces(ids)
+
+    def tgt_piece_ids(self, pieces: list[str]) -> list[int]:
+        return [self._vocab.get(p, self.unk_id) for p in pieces]
+
+    def tgt_pieces(self, ids: list[int]) -> list[str]:
+        return [self._pieces[int(i)] for i in ids]
+
+    def src_vocabulary(self) -> list[str]:
+        return list(self._pieces)
+
+    def tgt_vocabulary(self) -> list[str]:
+        return list(self._pieces)
+
+    def __repr__(self) -> str:
+        return (
+            f"FairseqTokenizer({str(self.directory)!r}, {self.family.title}, "
+            f"vocab {self.src_vocab_size}, {len(self.tags)} languages)"
+        )
+
+
+@dataclass(frozen=True)
+class Numbered:
+    """The ids a model's files give: its pieces in id order, the ids of tokenizer.json's special
+    added tokens, and whether the files number the codes (tokenizer.json) or leave them to
+    follow the pieces (vocab.json; SentencePiece's own ids)."""
+
+    pieces: list[str]
+    special: frozenset[int]
+    numbers_codes: bool
+
+
+def _numbered_pieces(directory: Path, family: Family, sp: spm.SentencePieceProcessor) -> Numbered:
+    """The pieces' ids: vocab.json's (M2M100), tokenizer.json's, or fairseq's layout over
+    SentencePiece's (its <unk> <s> </s> at 0-2 become <s> <pad> </s> <unk>, the rest move up
+    one, as transformers' converters number them)."""
+    if family is M2M100:
+        return Numbered(pieces_by_id(read_vocabulary(directory / VOCAB)), frozenset(), False)
+    path = directory / TOKENIZER_JSON
+    if path.is_file():
+        numbered = _read_tokenizer_json(path)
+        known = set(numbered.pieces)
+        missing = [p for p in _spm_pieces(sp) if p not in known]
+        if missing:
+            raise InputError(
+                f"{path}: lacks {len(missing)} pieces of {SPM} (first {missing[0]!r}): "
+                "they are not one tokenizer's files"
+            )
+        return numbered
+    return Numbered([*SPECIAL_TOKENS.values(), *_spm_pieces(sp)], frozenset(), False)
+
+
+def _spm_pieces(sp: spm.SentencePieceProcessor) -> list[str]:
+    """SentencePiece's pieces after its <unk> <s> </s>."""
+    return [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())]
+
+
+def _read_tokenizer_json(path: Path) -> Numbered:
+    """tokenizer.json's pieces by id: its model's vocabulary (BPE's {piece: id}, Unigram's
+    [[piece, score], ...]) and its added tokens (which win where both number a piece).
+
+    Raises:
+        InputError: no vocabulary there, or ids that are not 0 .. V-1 each once.
+    """
+    data = read_json_object(path)
+    vocab = (data.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict):
+        numbered = {i: p for p, i in vocab.items()}
+    elif isinstance(vocab, list) and all(isinstance(row, list) and row for row in vocab):
+        numbered = {i: row[0] for i, row in enumerate(vocab)}
+    else:
+        raise InputError(f"{path}: no model.vocab of pieces")
+    added = data.get("added_tokens") or []
+    if not all(isinstance(t, dict) and {"id", "content"} <= t.keys() for t in added):
+        raise InputError(f"{path}: added_tokens must be objects with an id and a content")
+    numbered |= {t["id"]: t["content"] for t in added}
+    ids = sorted(numbered)
+    if ids != list(range(len(ids))) or not all(isinstance(p, str) for p in numbered.values()):
+        raise InputError(f"{path}: its ids are not 0 to {len(ids) - 1}, each once, of pieces")
+    special = frozenset(t["id"] for t in added if t.get("special"))
+    return Numbered([numbered[i] for i in ids], special, True)
+
+
+def _complete(
+    directory: Path, numbered: Numbered, family: Family, settings: FairseqSettings
+) -> list[str]:
+    """Every id's piece: the files' where they number the codes (each code must be there),
+    else the pieces, then the codes (then NLLB's and mBART-50's <mask>)."""
+    if numbered.numbers_codes:
+        numbered_pieces = set(numbered.pieces)
+        missing = [code for code in settings.codes if code not in numbered_pieces]
+        if missing:
+            raise InputError(f"{directory / TOKENIZER_JSON}: no language code {missing[0]!r}")
+        return numbered.pieces
+    return [*numbered.pieces, *settings.codes, *([] if family is M2M100 else [MASK])]
+
+
+def derive_settings(directory: Path, family: Family, numbered: Numbered) -> FairseqSettings:
+    """tf's settings of a model's own files (see `FairseqSettings`): the codes are
+    tokenizer.json's special added tokens that look like the family's codes, in id order, or
+    where there is no tokenizer.json, transformers' list; the rest is tokenizer_config.json's.
+
+    Raises:
+        InputError: a setting of tokenizer_config.json of another type than transformers reads.
+    """
+    path = directory / HF_CONFIG
+    config = read_json_object(path, default={})
+    legacy = config.get("legacy_behaviour", False) if family is NLLB else False
+    clean_up = config.get("clean_up_tokenization_spaces", False)
+    src_lang = config.get("src_lang")
+    for key, value, kind in (
+        ("legacy_behaviour", legacy, bool),
+        ("clean_up_tokenization_spaces", clean_up, bool),
+        ("src_lang", src_lang, (str, type(None))),
+    ):
+        if not isinstance(value, kind):
+            raise InputError(f"{path}: {key} {value!r} is not what transformers reads there")
+    if numbered.numbers_codes:
+        pieces, special = numbered.pieces, numbered.special
+        codes = tuple(p for i, p in enumerate(pieces) if i in special and family.code.fullmatch(p))
+    else:
+        codes = family.codes_in(config, path)
+    return FairseqSettings(family.kind, codes, legacy, src_lang, clean_up and family.cleans_up)

@@ -1,0 +1,208 @@
+"""What every tokenizer kind shares: the interface the rest of `tf` uses (`BaseTokenizer`) and
+the SentencePiece helpers the kinds are built from.
+
+The kinds are `tf`'s own SentencePiece models (`data.tokenizer.Tokenizer`), an OPUS-MT model's
+(`data.marian`) and NLLB-200's, M2M100's and mBART-50's (`data.fairseq`). Each imports this
+module and nothing of the others; `Tokenizer.load` (data/tokenizer.py) imports them all and
+picks one from the files in a directory.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import sentencepiece as spm
+
+from data.errors import InputError
+from data.files import read_json_object
+
+THREADS = os.cpu_count() or 1  # SentencePiece encodes a list of sentences in parallel
+SPACE = "\u2581"  # SentencePiece's escaped space, the "▁" piece
+
+
+class BaseTokenizer(ABC):
+    """Text to ids and back, for a model's source and target sides.
+
+    Attributes:
+        directory: the directory the tokenizer's files were read from.
+        joint: True when both sides share one vocabulary.
+        pad_id, unk_id, bos_id, eos_id: the special ids (bos_id None where there is no BOS).
+        src_vocab_size, tgt_vocab_size: the number of ids of each side.
+        tags: {piece: id} of the reserved pieces a source may start with (tf's corpus tags,
+            a multilingual model's language tokens), each taken whole from a line's start.
+        languages: {language as the model's users name it: its token in `tags`} where the
+            model reads or writes a language token of its own (NLLB's "fra_Latn"); else empty.
+        src_lang: the language the model's files name as a source's where a line names none
+            (tokenizer_config.json's `src_lang`), or None.
+        threads: SentencePiece's threads per `encode_*` call.
+    """
+
+    directory: Path
+    joint: bool
+    pad_id: int
+    unk_id: int
+    bos_id: int | None
+    eos_id: int
+    src_vocab_size: int
+    tgt_vocab_size: int
+    tags: dict[str, int]
+    languages: dict[str, str]
+    src_lang: str | None = None
+    threads: int = THREADS
+    _paths: list[Path]  # the files that make the tokenizer what it is: `model_paths`
+
+    @abstractmethod
+    def encode_src(self, texts: list[str]) -> list[list[int]]:
+        """Source sentences to the ids the encoder reads (with what the kind appends)."""
+
+    @abstractmethod
+    def encode_tgt(self, texts: list[str]) -> list[list[int]]:
+        """Target sentences to ids; no BOS/EOS (the batching adds them)."""
+
+    @abstractmethod
+    def decode_src(self, ids: list[list[int]]) -> list[str]:
+        """Source ids back to text, one string per row; special ids decode to nothing."""
+
+    @abstractmethod
+    def decode_tgt(self, ids: list[list[int]]) -> list[str]:
+        """Target ids back to text, one string per row; special ids decode to nothing."""
+
+    @abstractmethod
+    def src_pieces(self, text: str) -> list[str]:
+        """The source pieces of one sentence, e.g. ["▁Él", "▁com", "ió"]."""
+
+    @abstractmethod
+    def src_id_pieces(self, ids: list[int]) -> list[str]:
+        """The source pieces named by `ids` (a truncated sentence keeps only its ids)."""
+
+    @abstractmethod
+    def tgt_piece_ids(self, pieces: list[str]) -> list[int]:
+        """The target ids of `pieces` (as an engine working on pieces returns them)."""
+
+    @abstractmethod
+    def tgt_pieces(self, ids: list[int]) -> list[str]:
+        """The target pieces named by `ids`."""
+
+    @abstractmethod
+    def src_vocabulary(self) -> list[str]:
+        """The source pieces in id order."""
+
+    @abstractmethod
+    def tgt_vocabulary(self) -> list[str]:
+        """The target pieces in id order."""
+
+    def tagged_src(self, tag_ids: list[int], ids: list[int]) -> list[int]:
+        """A source's ids (`encode_src` of its text alone) with those of the tags it starts
+        with (a corpus tag, a language token), where the kind puts them: first."""
+        return [*tag_ids, *ids]
+
+    def truncate_src(self, ids: list[int], max_len: int) -> list[int]:
+        """A source's ids cut to `max_len` (kinds that frame a source keep its frame)."""
+        return list(ids[:max_len])
+
+    @property
+    def src_pad_id(self) -> int:
+        """The source side's padding id: `pad_id` (an imported Marian model's two
+        vocabularies may give it another, `data.marian.MarianTokenizer`)."""
+        return self.pad_id
+
+    def decoder_start_id(self, start: str) -> int:
+        """The id the decoder starts from: `model.decoder_start`, "bos", "pad" or "eos"."""
+        found = {"bos": self.bos_id, "pad": self.pad_id, "eos": self.eos_id}[start]
+        if found is None:
+            raise InputError(
+                f"{self.directory}: the tokenizer has no {start.upper()} for the decoder to "
+                "start from (model.decoder_start)"
+            )
+        return found
+
+    def tag_id(self, tag: str) -> int:
+        """The id of a reserved tag piece; InputError if the tokenizer has no such tag."""
+        if tag not in self.tags:
+            known = ", ".join(self.tags) or "none"
+            raise InputError(f"{self.directory}: no tag {tag!r} in the tokenizer (tags: {known})")
+        return self.tags[tag]
+
+    def language_id(self, language: str) -> int:
+        """The id of `language`'s token (`languages`): what a source says it is written in,
+        or the decoder's forced first token.
+
+        Raises:
+            InputError: the tokenizer has no such language; the closest it has are named.
+        """
+        if language not in self.languages:
+            asked = language.lower()  # "fr" -> fra_Latn, fra_Latn -> "fr", then by spelling
+            close = [name for name in self.languages if name.lower().startswith(asked)]
+            close += [name for name in self.languages if asked.startswith(name.lower()[:2])]
+            close += difflib.get_close_matches(language, self.languages, n=3)
+            hint = f"; closest: {', '.join(dict.fromkeys(close[:3]))}" if close else ""
+            raise InputError(
+                f"{self.directory}: no language {language!r} among the tokenizer's "
+                f"{len(self.languages)}{hint}"
+            )
+        return self.tags[self.languages[language]]
+
+    def model_paths(self) -> list[Path]:
+        """The files the tokenizer is read from (an import copies them into the run)."""
+        return list(self._paths)
+
+    def digest(self) -> str:
+        """sha256 (hex) of `model_paths`: identifies the tokenizer in caches and checkpoints."""
+        sha = hashlib.sha256()
+        for path in self._paths:
+            sha.update(path.name.encode())
+            sha.update(path.read_bytes())
+        return sha.hexdigest()
+
+
+def load_sentencepiece(path: Path) -> spm.SentencePieceProcessor:
+    """Load one SentencePiece model, as an InputError if the file is not one."""
+    model = spm.SentencePieceProcessor()
+    try:
+        model.load(str(path))
+    except (OSError, RuntimeError):
+        raise InputError(f"{path}: not a SentencePiece model") from None
+    return model
+
+
+def split_tags(text: str, tags: tuple[str, ...]) -> tuple[list[str], str]:
+    """The reserved pieces of `tags` that `text` starts with (white space around them or not),
+    in order, and the rest of it (all of it when it starts with none)."""
+    heads: list[str] = []
+    rest = text.lstrip()
+    while tags and rest.startswith(tags):  # (startswith tries a tuple in C)
+        tag = max((t for t in tags if rest.startswith(t)), key=len)
+        heads.append(tag)
+        rest = rest[len(tag) :].lstrip()
+    return heads, rest if heads else text
+
+
+def decode_rows(model: spm.SentencePieceProcessor, ids: list[list[int]]) -> list[str]:
+    """One string per row, and none for no rows (SentencePiece reads `[]` as one empty row)."""
+    rows = [list(map(int, row)) for row in ids]
+    return model.decode(rows) if rows else []
+
+
+def read_vocabulary(path: Path) -> dict[str, int]:
+    """A {piece: id} vocabulary (vocab.json) whose ids are 0 .. V-1, each once."""
+    vocab = read_json_object(path)
+    if not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+        for k, v in vocab.items()
+    ):
+        raise InputError(f"{path}: not a vocabulary (a JSON object of piece: id)")
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        raise InputError(f"{path}: its ids are not 0 to {len(vocab) - 1}, each once")
+    return vocab
+
+
+def pieces_by_id(vocab: dict[str, int]) -> list[str]:
+    """The pieces of a vocabulary whose ids are 0 .. V-1, in id order."""
+    pieces = [""] * len(vocab)
+    for piece, i in vocab.items():
+        pieces[i] = piece
+    return pieces
