@@ -1,13 +1,20 @@
-"""Fine-tuning an OPUS-MT-sized model: `tf`'s loop against the loop a `transformers` user writes,
+"""Fine-tuning a pretrained model: `tf`'s loop against the loop a `transformers` user writes,
 on the same model, batches and precision, on the same CPU.
 
-The model is the stand-in for Helsinki-NLP/opus-mt-es-en (`benchmarks.marian_standin`: its
-published shape, 6+6 layers of 512, FFN 2,048, swish, and a vocabulary filled to its 65,001
-pieces, whose output layer is a third of the work), imported with `tf import`.
+The models, random weights imported with `tf import`:
+- "opus": the stand-in for Helsinki-NLP/opus-mt-es-en (`benchmarks.marian_standin`: its
+  published shape, 6+6 layers of 512, FFN 2,048, swish, and a vocabulary filled to its 65,001
+  pieces, whose output layer is a third of the work);
+- "nllb": an NLLB-200-shaped stand-in (`benchmarks.fairseq_standin`: its layout, Pre-LN,
+  fairseq's positions, ReLU, and its vocabulary, 256,206 rows over a tokenizer of 256,204 ids)
+  at half facebook/nllb-200-distilled-600M's width and depth (6+6 layers of 512, FFN 2,048),
+  so that its loops fit the bench's time; the corpus's languages named with NLLB's codes
+  (spa_Latn -> eng_Latn), the target's code forced first as `tf` and `transformers` both do.
 
 - tf: `tf train configs/finetune.yaml --init RUN` as launched (validation and checkpoints
   off), its tokens/s read from the run's metrics.jsonl, the first log window left out.
-- transformers: `MarianMTModel.from_pretrained`, `torch.optim.AdamW`, `model(**batch).loss`,
+- transformers: `AutoModelForSeq2SeqLM.from_pretrained` (`MarianMTModel`,
+  `M2M100ForConditionalGeneration`), `torch.optim.AdamW`, `model(**batch).loss`,
   `backward`, `clip_grad_norm_`, `step`, under `torch.autocast` when the precision is bf16:
   what its documentation and examples show. It gets tf's own batches (the same pairs, the same
   token budget, pad-masked labels), so both see the same tokens.
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
 import statistics
 import sys
 import time
@@ -29,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import fairseq_standin
 from benchmarks.common import OUT, corpus_head, cpu_name, print_table, run_python
 from benchmarks.marian_standin import OPUS_MT_ES_EN, TINY, bundled_lines, make_standin
 from cli.device import autocast_dtype
@@ -47,26 +56,72 @@ STANDINS = {
         0,
     ),
     "tiny": (TINY, 500, 0),
+    "nllb": (
+        dict(fairseq_standin.PUBLISHED["nllb"], d_model=512, encoder_layers=6, decoder_layers=6,
+             encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
+             decoder_ffn_dim=2048),
+        8000,
+        fairseq_standin.NLLB_IDS,
+    ),
+    "nllb-tiny": (fairseq_standin.TINY["nllb"], 500, 0),
 }  # fmt: skip
+# The languages of each stand-in's corpus, as its tokenizer names them (NLLB-200: its codes).
+LANGUAGES = {"opus": ("es", "en"), "nllb": ("spa_Latn", "eng_Latn")}
+
+
+def languages(size: str) -> tuple[str, str]:
+    return LANGUAGES[size.split("-")[0] if size.startswith("nllb") else "opus"]
 
 
 def standin_run(out: Path, size: str = "opus") -> tuple[Path, Path]:
     """The stand-in of `size` (made once) and its `tf import`, under `out`."""
-    name = "opus-mt-standin" + ("" if size == "opus" else f"-{size}")
+    name = f"{size}-standin" if size.startswith("nllb") else "opus-mt-standin"
+    name += "" if size in ("opus", "nllb") or size.startswith("nllb") else f"-{size}"
     directory, run = out / name, out / f"{name}-run"
     if not (directory / "model.safetensors").is_file():
         shape, pieces, vocabulary = STANDINS[size]
-        src, tgt = bundled_lines(2000 if size == "tiny" else 28_045)
-        make_standin(directory, src, tgt, shape, vocab_size=pieces, vocabulary=vocabulary)
+        src, tgt = bundled_lines(2000 if size.endswith("tiny") else 28_045)
+        if size.startswith("nllb"):
+            make_nllb_standin(directory, src + tgt, shape, pieces, vocabulary)
+        else:
+            make_standin(directory, src, tgt, shape, vocab_size=pieces, vocabulary=vocabulary)
     if not (run / "checkpoints" / "last.pt").is_file():
         run_python("-m", "cli.main", "import", str(directory), "-o", str(run), "--force")
     return directory, run
 
 
-def tf_settings(updates: int, precision: str, train: str, dev: str, log_every: int) -> list:
+def make_nllb_standin(directory: Path, lines: list[str], shape: dict, pieces: int, ids: int):
+    """An NLLB-200 stand-in of `shape` in `directory`: a BPE SentencePiece model of `pieces`
+    trained on `lines`, NLLB's tokenizer over it filled to `ids` ids, transformers' own
+    initialisation of the model."""
+    work = directory.with_name(f".{directory.name}.work")
+    spm = fairseq_standin.train_spm(lines, work / "spm", pieces, "bpe")
+    tokenizer = fairseq_standin.nllb_tokenizer(work / "tokenizer", spm, ids=ids)
+    fairseq_standin.make_model_standin(directory, "nllb", tokenizer, shape, telling=False)
+    shutil.rmtree(work)
+
+
+def named_corpus(prefix: str, size: str) -> str:
+    """`prefix` (PREFIX.es, PREFIX.en) under the names of the stand-in's languages: links."""
+    src, tgt = languages(size)
+    if (src, tgt) == ("es", "en"):
+        return prefix
+    for lang, name in (("es", src), ("en", tgt)):
+        link = Path(f"{prefix}.{name}")
+        if not link.exists():
+            link.symlink_to(Path(f"{prefix}.{lang}").resolve())
+    return prefix
+
+
+def tf_settings(
+    updates: int, precision: str, train: str, dev: str, log_every: int, size: str = "opus"
+) -> list:
+    src, tgt = languages(size)
     return [
-        f"data.train={train}",
-        f"data.dev={dev}",
+        f"data.train={named_corpus(train, size)}",
+        f"data.dev={named_corpus(dev, size)}",
+        f"data.src_lang={src}",
+        f"data.tgt_lang={tgt}",
         f"train.max_steps={updates}",
         f"train.precision={precision}",
         "train.eval_every=0",
@@ -98,7 +153,7 @@ def child_tf(run: Path, out: Path, sets: list[str]) -> dict:
 def child_transformers(directory: Path, run: Path, sets: list[str], updates: int) -> dict:
     """The transformers user's loop over tf's batches of the same settings (see the module
     docstring), timed after two warm-up updates."""
-    from transformers import MarianMTModel
+    from transformers import AutoModelForSeq2SeqLM
 
     from cli.config import load_config
     from cli.training.checkpoint import with_init
@@ -109,7 +164,7 @@ def child_transformers(directory: Path, run: Path, sets: list[str], updates: int
     overrides = sets + [f"train.init={run}"]
     config = with_init(load_config("configs/finetune.yaml", overrides))
     data = prepare_training_data(config.data, batching(config, Dist()), out_dir(run), False)
-    model = MarianMTModel.from_pretrained(directory)
+    model = AutoModelForSeq2SeqLM.from_pretrained(directory)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr)
     dtype = autocast_dtype(config.train.precision, torch.device("cpu"))
@@ -152,14 +207,16 @@ def run(
     stand-in of `size` (STANDINS: "tiny" on 2,000 pairs shows the benchmark runs; its numbers
     mean nothing)."""
     directory, imported = standin_run(out, size)
-    train = corpus_head("train", 2000 if size == "tiny" else None, out)
+    # Files of the whole corpus where the stand-in's languages need names of their own.
+    whole = None if languages(size) == ("es", "en") else 28_045
+    train = corpus_head("train", 2000 if size.endswith("tiny") else whole, out)
     dev = corpus_head("dev", 40, out)
-    vocabulary = len(json.loads((directory / "vocab.json").read_text()))
+    vocabulary = json.loads((directory / "config.json").read_text())["vocab_size"]
     results: dict = {"cpu": cpu_name(), "updates": updates, "vocabulary": vocabulary, "size": size}
     for precision in precisions:
         resolved = autocast_dtype(precision, torch.device("cpu"))
         name = "bf16" if resolved == torch.bfloat16 else "fp32"
-        sets = tf_settings(updates, name, train, dev, log_every)
+        sets = tf_settings(updates, name, train, dev, log_every, size)
         common = [str(directory), str(imported), json.dumps(sets), str(updates)]
         tf = json.loads(run_python("-m", "benchmarks.finetune_bench", "child-tf", *common))
         hf = json.loads(run_python("-m", "benchmarks.finetune_bench", "child-hf", *common))
@@ -204,5 +261,6 @@ if __name__ == "__main__":
         parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
         parser.add_argument("--updates", type=int, default=30)
         parser.add_argument("--precision", nargs="+", default=["auto"])
+        parser.add_argument("--size", choices=list(STANDINS), default="opus")
         args = parser.parse_args()
-        print_results(run(args.updates, tuple(args.precision)))
+        print_results(run(args.updates, tuple(args.precision), size=args.size))

@@ -75,7 +75,7 @@ class Size:
     memory_lines: int  # ... then `tf translate` of this many lines (the test set repeated)
     corpus_pairs: tuple[int, ...]  # corpus: numbered copies of the pairs, `tf train` started
     finetune_updates: int  # finetune: updates of each loop ...
-    finetune_standin: str  # ... on this stand-in (finetune_bench.STANDINS: opus, half, tiny)
+    finetune_standins: tuple[str, ...]  # ... on these stand-ins (finetune_bench.STANDINS)
     estimate_s: dict[str, float]  # seconds per section on a 2-core CPU (rounded, by hand)
 
 
@@ -106,7 +106,7 @@ FULL = Size(
     memory_lines=10_000,
     corpus_pairs=(28_045, 1_000_000, 10_000_000),
     finetune_updates=30,
-    finetune_standin="opus",
+    finetune_standins=("opus", "nllb"),
     # The first four: 11 minutes in all, as a user timed them (data and attention timed
     # here); decode, engines and scaling reckoned from 100-sentence runs of `small` on 2 cores
     # and its 3 minutes of training. bench.json keeps each section's seconds: correct from it.
@@ -121,7 +121,7 @@ FULL = Size(
         "serve": 120,
         "memory": 660,  # two 1,000-update `demo` runs (about 4 minutes each) and 10,000 lines
         "corpus": 2400,  # 1M pairs: 6 min; 10M: half an hour (3 starts each)
-        "finetune": 600,
+        "finetune": 1200,  # OPUS-MT-sized: 10 minutes; NLLB-shaped (256,206 rows): 9
     },
 )
 # About 6 minutes on the 2-core AMD EPYC (5m27s measured, its decode model already trained);
@@ -157,7 +157,7 @@ QUICK = replace(
     memory_lines=2000,
     corpus_pairs=(28_045,),
     finetune_updates=8,
-    finetune_standin="half",
+    finetune_standins=("half", "nllb-tiny"),
     estimate_s={
         "data": 5,
         "train": 15,
@@ -207,7 +207,7 @@ SMOKE = Size(
     memory_lines=40,
     corpus_pairs=(3000,),
     finetune_updates=6,
-    finetune_standin="tiny",
+    finetune_standins=("tiny", "nllb-tiny"),
     estimate_s={
         "data": 1,
         "train": 2,
@@ -401,15 +401,21 @@ def corpus_section(size: Size, out: Path) -> dict:
     return r
 
 
+FINETUNE_MODELS = {"opus": "an OPUS-MT-sized model", "nllb": "an NLLB-200-shaped model"}
+
+
 def finetune_section(size: Size, out: Path) -> dict:
-    model = "an OPUS-MT-sized model" if size.finetune_standin == "opus" else "a small stand-in"
-    print(f"\n== fine-tuning {model}: tf's loop vs a transformers user's loop")
-    r = finetune_bench.run(
-        size.finetune_updates, out=out, log_every=2 if size.finetune_updates < 10 else 5,
-        size=size.finetune_standin,
-    )  # fmt: skip
-    finetune_bench.print_results(r)
-    return r
+    """Each stand-in's two loops, by its name in finetune_bench.STANDINS."""
+    results = {}
+    for standin in size.finetune_standins:
+        model = FINETUNE_MODELS.get(standin, f"a small stand-in ({standin})")
+        print(f"\n== fine-tuning {model}: tf's loop vs a transformers user's loop")
+        results[standin] = finetune_bench.run(
+            size.finetune_updates, out=out, log_every=2 if size.finetune_updates < 10 else 5,
+            size=standin,
+        )  # fmt: skip
+        finetune_bench.print_results(results[standin])
+    return results
 
 
 SECTIONS: list[tuple[str, Callable[[Size, Path], dict]]] = [

@@ -76,3 +76,41 @@ def test_a_target_side_run_trains_validates_and_translates_with_to_and_from(both
     line = json.dumps({"text": "Hola", "to": "en", "from": "es"})
     jsonl = tf("translate", both_sides, "--input-format", "jsonl", "--greedy", input=line + "\n")
     assert jsonl.exit_code == 0, jsonl.output
+
+
+def test_a_from_of_the_wrong_kind_is_one_line(both_sides):
+    line = json.dumps({"text": "Hola", "to": "en", "from": 3})
+    result = tf("translate", both_sides, "--input-format", "jsonl", input=line + "\n")
+    assert_user_error(result, "<stdin>:1", '"from" must be a language code')
+
+
+def test_distill_of_a_target_side_teacher_reads_the_corpora_of_its_from(both_sides, tmp_path):
+    """Its sources must say their language: it reads those of --from into --to alone."""
+    out = tmp_path / "d"
+    result = tf("distill", both_sides, "--out", out, "--to", "es", "--beam", "1")
+    assert result.exit_code == 0, result.output
+    assert "(en-es)" in json.loads((out / "distill.json").read_text())["corpus"][0]
+    assert (out / "train.en").is_file() and (out / "train.es").is_file()
+
+
+def test_a_model_reading_several_languages_into_one_asks_for_from(tiny_prefix, tmp_path):
+    """Into en it reads es and fr, and records no default: a line that says nothing of its
+    language is refused in one line asking for --from; with --from it translates."""
+    import shutil
+
+    prefix = tmp_path / "pairs"
+    for lang, into in (("es", "es"), ("es", "fr"), ("en", "en")):
+        shutil.copyfile(f"{tiny_prefix}.{lang}", f"{prefix}.{into}")
+    both = ", ".join(f'{{corpus: "{prefix}", src_lang: {s}, tgt_lang: en}}' for s in ("es", "fr"))
+    run = tmp_path / "run"
+    trained = tf(
+        "train", "tiny", "--out", run, "--set", f"data.train=[{both}]", "--set", TARGET_SIDE,
+        "--set", "train.max_steps=1", "--set", "train.eval_bleu_sentences=2",
+        "--set", "data.clean=false",  # the fixture is the head of the dev set
+    )  # fmt: skip
+    assert trained.exit_code == 0, trained.output
+    asked = tf("translate", run, "--to", "en", "--greedy", input="Hola\n")
+    assert_user_error(asked, "--from", "es", "fr")
+    assert asked.stdout == ""
+    said = tf("translate", run, "--from", "fr", "--to", "en", "--greedy", input="Hola\n")
+    assert said.exit_code == 0, said.output

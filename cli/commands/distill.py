@@ -52,25 +52,29 @@ def run_distill(
             f"{teacher}: an imported model, trained on no corpus tf knows; name the sources "
             "to translate with --corpus SPEC (the corpus the student will learn from)"
         )
-    chosen = corpora_into(d, engine.to)
+    # A teacher whose sources say their language reads the corpora of its --from alone.
+    chosen = corpora_into(d, tgt_lang, src_lang if engine.target_side else "")
     # The record names what was translated: the corpora into --to alone, each with its direction.
     specs = [f"{c.corpus} ({direction_name(d.direction(c))})" for c in chosen]
     sources = training_sources(d, chosen)
     return translate_corpus(engine, teacher, device, sources, out, "distill", {"corpus": specs})
 
 
-def corpora_into(d: DataConfig, to: str) -> list[CorpusConfig]:
-    """The corpora a teacher translates: a multilingual one's into `to` alone, else all."""
-    chosen = [c for c in d.corpora() if not d.lang_tokens() or d.direction(c)[1] == to]
+def corpora_into(d: DataConfig, to: str, frm: str = "") -> list[CorpusConfig]:
+    """The corpora a teacher translates: those into `to` (a one-way teacher's: all), from
+    `frm` alone where it is given."""
+    chosen = [c for c in d.corpora() if d.direction(c)[1] == to]
+    chosen = [c for c in chosen if d.direction(c)[0] == frm] if frm else chosen
     if not chosen:
-        raise InputError(f"--to {to}: none of the teacher's corpora translates into it")
+        way = f"from {frm} into {to}" if frm else f"into {to}"
+        raise InputError(f"--to {to}: none of the teacher's corpora translates {way}")
     return chosen
 
 
 def training_sources(d: DataConfig, chosen: list[CorpusConfig]) -> list[str]:
     """The sources of the corpora `chosen`, corpus after corpus, each once, each in its
-    direction; a tagged corpus's lines start with its tag, as the teacher saw them (the
-    target-language token is the engine's to put: --to). One sentence a line: a line break
+    direction; a tagged corpus's lines start with its tag, as the teacher saw them (a
+    language token is the engine's to put: --to, --from). One sentence a line: a line break
     inside a hub dataset's sentence becomes a space."""
     sources = []
     for c in chosen:

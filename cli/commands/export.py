@@ -1,5 +1,7 @@
 """`tf export`: a trained model for CTranslate2 or Hugging Face `transformers` (a directory
-that `AutoModelForSeq2SeqLM` and `AutoTokenizer` load, with a model card to upload as it is)."""
+that `AutoModelForSeq2SeqLM` and `AutoTokenizer` load, with a model card to upload as it is):
+a `MarianMTModel`, or the class of an NLLB-200, M2M100 or mBART-50 layout
+(`cli.exporters.m2m100`), whichever the model's switches are."""
 
 from __future__ import annotations
 
@@ -9,12 +11,16 @@ from pathlib import Path
 
 import torch
 
+from cli.config import Config
 from cli.exporters.ctranslate2 import export_ctranslate2
+from cli.exporters.m2m100 import export_m2m100, huggingface_family
 from cli.exporters.marian import export_marian
 from cli.exporters.model_card import ctranslate2_problem, model_card, run_scores
 from cli.training.checkpoint import load_checkpoint, load_for_inference, resolve_checkpoint
 from data.errors import InputError
 from data.files import check_output_dir
+from data.tokenizer import Tokenizer
+from model.transformer import Transformer
 
 ENGINES = {"ctranslate2": "ctranslate2", "huggingface": "transformers"}
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16")
@@ -28,6 +34,17 @@ def export_inputs(run: str) -> list[Path]:
     checkpoint, run_dir = resolve_checkpoint(run)
     inputs = [checkpoint, run_dir.tokenizer]
     return inputs + [run_dir.path] if checkpoint.parent == run_dir.checkpoints else inputs
+
+
+def export_huggingface(model: Transformer, tokenizer: Tokenizer, config: Config, out: Path) -> None:
+    """The Hugging Face class that runs the model, into `out`: M2M100's or mBART's for their
+    layouts (Pre-LN, fairseq or learned positions), else Marian's; what none runs is refused
+    in one line (`huggingface_family`, each exporter's `check_exportable`)."""
+    family = huggingface_family(model.config)
+    if family is None:
+        export_marian(model, tokenizer, config, out)
+    else:
+        export_m2m100(family, model, tokenizer, config, out)
 
 
 def run_export(run: str, to: str, out: Path, quantization: str | None, force: bool = False) -> str:
@@ -53,7 +70,7 @@ def run_export(run: str, to: str, out: Path, quantization: str | None, force: bo
             changed = export_ctranslate2(model, tokenizer, config, staging, quantization)
         else:
             staging.mkdir(parents=True)
-            export_marian(model, tokenizer, config, staging)
+            export_huggingface(model, tokenizer, config, staging)
             ckpt = load_checkpoint(resolve_checkpoint(run)[0])
             card = model_card(
                 model, tokenizer, config, ckpt.get("step"), run_scores(run), ckpt.get("imported")

@@ -128,14 +128,10 @@ def check_exportable(c: ModelConfig) -> None:
         )
 
 
-def marian_config(c: ModelConfig, tokenizer: Tokenizer, special: dict[str, int]):
-    from transformers import MarianConfig
-
-    return MarianConfig(
-        vocab_size=tokenizer.src_vocab_size,
-        decoder_vocab_size=tokenizer.tgt_vocab_size,
-        share_encoder_decoder_embeddings=c.tie_embeddings == "all",
-        tie_word_embeddings=c.tie_embeddings != "none",
+def layer_settings(c: ModelConfig) -> dict:
+    """config.json's widths, depths and dropouts of a model of `c`: the keys Marian's, M2M100's
+    and mBART's configs share."""
+    return dict(
         max_position_embeddings=c.max_positions,
         d_model=c.d_model,
         encoder_layers=c.n_encoder_layers,
@@ -145,10 +141,22 @@ def marian_config(c: ModelConfig, tokenizer: Tokenizer, special: dict[str, int])
         encoder_ffn_dim=c.d_ff,
         decoder_ffn_dim=c.d_ff,
         activation_function=c.activation,  # relu, swish, gelu: transformers' names too
-        scale_embedding=True,
         dropout=c.dropout,
         attention_dropout=c.attention_dropout,
         activation_dropout=c.activation_dropout,
+    )
+
+
+def marian_config(c: ModelConfig, tokenizer: Tokenizer, special: dict[str, int]):
+    from transformers import MarianConfig
+
+    return MarianConfig(
+        vocab_size=tokenizer.src_vocab_size,
+        decoder_vocab_size=tokenizer.tgt_vocab_size,
+        share_encoder_decoder_embeddings=c.tie_embeddings == "all",
+        tie_word_embeddings=c.tie_embeddings != "none",
+        scale_embedding=True,
+        **layer_settings(c),
         **special,
     )
 

@@ -13,9 +13,11 @@ import json
 from typing import Any
 
 from cli.config import Config
+from cli.exporters.m2m100 import M2M100, MBART, huggingface_family
 from cli.inference.languages import with_languages
 from cli.training.checkpoint import CheckpointError, resolve_checkpoint
-from data.config import direction_name
+from data.config import DataConfig, direction_name
+from data.fairseq import FairseqTokenizer
 from data.marian import MarianTokenizer
 from data.tokenizer import Tokenizer
 from model.transformer import Transformer
@@ -54,33 +56,66 @@ def model_card(
     d = with_languages(config, tokenizer).data  # an older import's `>>xxx<<` tokens too
     tokens = d.lang_tokens()
     ways = d.translates()  # what its corpora train, not data.src_lang/tgt_lang
-    langs = list(dict.fromkeys(lang for way in ways for lang in way))
-    src, tgt = ways[0]  # the example's direction
-    sources = list(dict.fromkeys(s for s, _ in ways))
-    title = "multilingual" if tokens else f"{'/'.join(sources)}→{tgt}"
+    langs = list(dict.fromkeys([*(lang for way in ways for lang in way), *d.languages]))
+    src, tgt = example_direction(d)
+    sources = list(dict.fromkeys(s for s, _ in ways)) or [src]
+    title = "multilingual" if len(d.target_langs()) > 1 else f"{'/'.join(sources)}→{tgt}"
+    exported = exported_class(model)
     metadata = [
         "---",
         "language:\n" + "\n".join(f"- {lang}" for lang in langs),
         "library_name: transformers",
         "pipeline_tag: translation",
-        "tags:\n- translation\n- marian\n- tf",
+        f"tags:\n- translation\n- {HUB_TAGS.get(exported, 'marian')}\n- tf",
         "---",
     ]
+    how = usage(src, isinstance(tokenizer, MarianTokenizer), tokens.get(tgt, ""))
+    if d.lang_token_side == "target":
+        how = target_side_usage(d, tokenizer, src, tgt)
     sections = [
         "\n".join(metadata),
-        f"# {title} translation ({', '.join(langs)}): a Transformer trained with `tf`",
-        f"A Post-LN Transformer encoder-decoder ({model.num_parameters():,} parameters) "
-        f"{origin(config, imported)}, exported as a `MarianMTModel`: "
+        f"# {title} translation ({', '.join(short_languages(langs))}): a Transformer trained "
+        "with `tf`",
+        f"A {layer_norm(model)} Transformer encoder-decoder ({model.num_parameters():,} "
+        f"parameters) {origin(config, imported)}, exported as a `{exported}`: "
         "it loads and runs as any Hugging Face translation model does.",
-        "## How to use\n\n"
-        + usage(src, isinstance(tokenizer, MarianTokenizer), tokens.get(tgt, ""))
-        + languages_note(tokens),
+        "## How to use\n\n" + how + languages_note(tokens, d.lang_token_side),
         "## CTranslate2\n\n" + ctranslate2_section(model, tokenizer),
         "## Data\n\n" + data_section(config),
         "## Model and training\n\n" + shape_section(model, tokenizer, config, step),
         "## Evaluation\n\n" + scores_section(scores),
     ]
     return "\n\n".join(sections) + "\n"
+
+
+# The Hub's tag of each exported class (NLLB-200's and M2M100's class is M2M100's).
+HUB_TAGS = {"MarianMTModel": "marian", M2M100.model_class: "m2m_100", MBART.model_class: "mbart"}
+
+
+def exported_class(model: Transformer) -> str:
+    """The transformers class `tf export --to huggingface` writes for `model`."""
+    family = huggingface_family(model.config)
+    return "MarianMTModel" if family is None else family.model_class
+
+
+def layer_norm(model: Transformer) -> str:
+    return "Pre-LN" if model.config.norm_first else "Post-LN"
+
+
+def example_direction(d: DataConfig) -> tuple[str, str]:
+    """The direction the card's example translates: the model's first, or (a many-to-many
+    model, which records its languages and none of its directions) its default source
+    (`data.src_lang`) into the first other language it writes."""
+    ways = d.translates()
+    if ways:
+        return ways[0]
+    src = d.src_lang if d.src_lang in d.languages else d.languages[0]
+    return src, next((lang for lang in d.target_langs() if lang != src), src)
+
+
+def short_languages(langs: list[str], most: int = 10) -> list[str]:
+    """At most `most` languages named in a title, and how many more (NLLB-200 has 202)."""
+    return langs if len(langs) <= most else [*langs[:most], f"{len(langs) - most} more"]
 
 
 def origin(config: Config, imported: dict[str, Any] | None) -> str:
@@ -118,14 +153,51 @@ def usage(src_lang: str, marian_tokenizer: bool = False, token: str = "") -> str
     )
 
 
-def languages_note(tokens: dict[str, str]) -> str:
-    """A multilingual model's sources start with the token of the language wanted."""
-    if not tokens:
+def languages_note(tokens: dict[str, str], side: str = "source") -> str:
+    """A multilingual model's sources start with the token of the language wanted; a model
+    whose decoder writes it (`lang_token_side: target`) is given it per call."""
+    if not tokens or side == "target":
         return ""
     listed = ", ".join(f"`{token}` ({lang})" for lang, token in tokens.items())
     return (
         "\n\nThe model is multilingual: start each source with the token of the language to "
         f"translate into, {listed}, as `tf translate --to LANG` does."
+    )
+
+
+def target_side_usage(d: DataConfig, tokenizer: Tokenizer, src: str, tgt: str) -> str:
+    """How a model whose decoder writes the target language's token first is run (NLLB-200,
+    M2M100, mBART-50): the source's language set on the tokenizer (its token starts the
+    source), the target's forced as the decoder's first token, per call."""
+    src_token, tgt_token = d.source_tokens()[src], d.lang_tokens()[tgt]
+    example = "Y dijo Dios: Sea la luz." if src in ("es", "spa_Latn", "es_XX") else "..."
+    fairseq = isinstance(tokenizer, FairseqTokenizer)
+    load = f'"THIS_DIRECTORY", src_lang="{src}"' if fairseq else '"THIS_DIRECTORY"'
+    text = example if fairseq else f"{src_token} {example}"
+    listed = ", ".join(f"`{token}`" for token in short_languages(list(d.lang_tokens().values())))
+    return (
+        "```python\n"
+        "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer\n\n"
+        f"tokenizer = AutoTokenizer.from_pretrained({load})\n"
+        'model = AutoModelForSeq2SeqLM.from_pretrained("THIS_DIRECTORY")\n'
+        f'batch = tokenizer(["{text}"], return_tensors="pt", padding=True)\n'
+        f'to = tokenizer.convert_tokens_to_ids("{tgt_token}")  # the language to write\n'
+        "out = model.generate(**batch, forced_bos_token_id=to)\n"
+        "print(tokenizer.batch_decode(out, skip_special_tokens=True))\n"
+        "```\n\n"
+        + (
+            f'The source says its language: `tokenizer.src_lang = "{src}"` (its code, '
+            f"`{src_token}`, starts the source). "
+            if fairseq
+            else f"The source starts with its language's token (`{src_token}`). "
+        )
+        + "The decoder writes the target language's token first: "
+        "`forced_bos_token_id` is that token's id, one of "
+        f"{listed}. `generate(**batch, forced_bos_token_id=...)` is then `tf translate --from "
+        f"{src} --to {tgt} --greedy`, token for token: one beam, and `tf`'s length limit (one "
+        "number for all sentences here, `a * len(src) + b` per sentence in `tf`: the two "
+        "differ only for a sentence that `tf` cuts at its limit). `num_beams=5` runs the beam "
+        "search of `transformers`, whose length penalty divides by `len ** alpha`."
     )
 
 
@@ -137,6 +209,14 @@ def ctranslate2_section(model: Transformer, tokenizer: Tokenizer) -> str:
             f"**Do not convert with `ct2-transformers-converter`**: {problem}. "
             "`tf export RUN --to ctranslate2` writes the exact CTranslate2 model."
         )
+    if huggingface_family(model.config) is not None:
+        return (
+            "`ct2-transformers-converter --model THIS_DIRECTORY --output_dir ct2` converts it "
+            "exactly, as it converts the published models of its class; give the target "
+            "language's token as the target prefix (`translate_batch(sources, "
+            "target_prefix=[[token]] * len(sources))`), as `tf export RUN --to ctranslate2` "
+            "and `tf translate` do."
+        )
     return (
         "`ct2-transformers-converter --model THIS_DIRECTORY --output_dir ct2` converts it "
         "exactly (`<pad>` is the last id and its embedding zero, as the converter assumes): "
@@ -147,19 +227,29 @@ def ctranslate2_section(model: Transformer, tokenizer: Tokenizer) -> str:
 
 
 def ctranslate2_problem(model: Transformer, tokenizer: Tokenizer) -> str | None:
-    """Why CTranslate2's converter would not give this model, or None. Its Marian loader
-    drops the last id (`<pad>` in OPUS-MT's layout, the export's) and starts every decoder
-    from a zero embedding, whatever `decoder_start_token_id` says."""
+    """Why CTranslate2's converter would not give this model, or None. Its M2M100 loader
+    starts the decoder where config.json says; its mBART loader from EOS (mBART-50's start);
+    its Marian loader drops the last id (`<pad>` in OPUS-MT's layout, the export's) and
+    starts every decoder from a zero embedding, whatever `decoder_start_token_id` says."""
+    family = huggingface_family(model.config)
+    start = model.config.decoder_start
+    if family is M2M100 or (family is MBART and start == "eos"):
+        return None
+    if family is MBART:
+        piece = tokenizer.tgt_pieces([tokenizer.decoder_start_id(start)])[0]
+        return (
+            "its mBART loader starts every decoder from EOS (mBART-50's start), this model's "
+            f"from {start.upper()}, `{piece}`: the converted model would translate otherwise"
+        )
     pad = tokenizer.pad_id
     last = (tokenizer.src_vocab_size - 1, tokenizer.tgt_vocab_size - 1)
     if isinstance(tokenizer, MarianTokenizer) and (tokenizer.src_pad_id, pad) != last:
         return "it expects `<pad>` as the last id, which this vocabulary has elsewhere"
-    if model.config.decoder_start != "pad":
-        name = model.config.decoder_start
-        piece = tokenizer.tgt_pieces([tokenizer.decoder_start_id(name)])[0]
+    if start != "pad":
+        piece = tokenizer.tgt_pieces([tokenizer.decoder_start_id(start)])[0]
         return (
             "its Marian loader starts every decoder from a zero embedding (OPUS-MT's start "
-            f"from a zero `<pad>`), this model's from its trained {name.upper()}, "
+            f"from a zero `<pad>`), this model's from its trained {start.upper()}, "
             f"`{piece}`: the converted model would translate otherwise"
         )
     if model.tgt_embed.token.weight[pad].any():
@@ -204,15 +294,13 @@ def shape_section(
     c, d, t = model.config, config.data, config.train
     layers = f"{c.n_encoder_layers} encoder and {c.n_decoder_layers} decoder layers"
     rows = [
-        ("architecture", f"Post-LN Transformer, {layers}"),
+        ("architecture", f"{layer_norm(model)} Transformer, {layers}"),
         ("width", f"d_model {c.d_model}, {c.n_heads} heads, feed-forward {c.d_ff}"),
+        ("vocabulary", vocabulary_words(tokenizer, d.tokenizer_type)),
         (
-            "vocabulary",
-            f"{tokenizer.src_vocab_size} pieces, Marian's vocabulary over SentencePiece"
-            if isinstance(tokenizer, MarianTokenizer)
-            else f"{tokenizer.src_vocab_size} SentencePiece {d.tokenizer_type} pieces, joint",
+            "embeddings",
+            f"tied: {c.tie_embeddings}; {POSITIONS[c.positions]} up to {c.max_positions}",
         ),
-        ("embeddings", f"tied: {c.tie_embeddings}; sinusoidal positions up to {c.max_positions}"),
         (
             "training",
             f"{step if step is not None else '?'} updates of {t.max_tokens} tokens "
@@ -220,6 +308,24 @@ def shape_section(
         ),
     ]
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
+
+POSITIONS = {  # model.positions in words
+    "interleaved": "sinusoidal positions",
+    "halves": "sinusoidal positions",
+    "fairseq": "fairseq's sinusoidal positions",
+    "learned": "learned positions",
+}
+
+
+def vocabulary_words(tokenizer: Tokenizer, tokenizer_type: str) -> str:
+    size = tokenizer.src_vocab_size
+    if isinstance(tokenizer, MarianTokenizer):
+        return f"{size} pieces, Marian's vocabulary over SentencePiece"
+    if isinstance(tokenizer, FairseqTokenizer):
+        codes = len(tokenizer.tags)
+        return f"{size} pieces, {tokenizer.family.title}'s (SentencePiece, {codes} language codes)"
+    return f"{size} SentencePiece {tokenizer_type} pieces, joint"
 
 
 def scores_section(scores: dict[str, Any] | None) -> str:

@@ -58,7 +58,11 @@ NO_EQUIVALENT: dict[str, tuple[Any, str]] = {
     "suppress_tokens": (None, "tf bans no tokens but the decoder's start"),
     "begin_suppress_tokens": (None, "tf bans no tokens but the decoder's start"),
     "sequence_bias": (None, "tf biases no token sequence"),
-    "forced_bos_token_id": (None, "tf forces no first token (a prefix does, per request)"),
+    "forced_bos_token_id": (
+        None,
+        "tf forces the first token per request: --to, where the decoder writes the target "
+        "language's token first (NLLB-200, M2M100, mBART-50), or a prefix",
+    ),
     "forced_decoder_ids": (None, "tf forces no token (a prefix does, per request)"),
     "force_words_ids": (None, "tf takes constraints per request, not in the model's settings"),
     "constraints": (None, "tf takes constraints per request, not in the model's settings"),
@@ -146,7 +150,8 @@ def read_generation(directory: Path, eos_id: int, start_id: int, start: str) -> 
     Args:
         directory: a Hugging Face model's directory.
         eos_id: the target vocabulary's EOS id; start_id: the decoder's first token, `start`
-            its piece (Marian's: `<pad>`, which tf's search never outputs).
+            its piece (Marian's: `<pad>`, which tf's search never outputs; NLLB-200's, M2M100's
+            and mBART-50's: the EOS, `decoder_start_token_id` 2, which it does).
 
     Raises:
         InputError: a setting of the wrong kind, naming the file and key.
@@ -163,7 +168,7 @@ def read_generation(directory: Path, eos_id: int, start_id: int, start: str) -> 
     check = _Checker(path, settings)
     _search(generation, settings, check)
     _lengths(generation, settings, check, eos_id)
-    _banned(generation, settings, check, start_id, start)
+    _banned(generation, settings, check, (start_id, eos_id), start)
     for key, (default, why) in NO_EQUIVALENT.items():
         if settings.get(key, default) not in (default, None):
             generation.refuse(key, settings[key], why)
@@ -286,9 +291,15 @@ def _lengths(generation: Generation, settings: dict[str, Any], check: _Checker, 
 
 
 def _banned(
-    generation: Generation, settings: dict[str, Any], check: _Checker, start_id: int, start: str
+    generation: Generation,
+    settings: dict[str, Any],
+    check: _Checker,
+    ids: tuple[int, int],
+    start: str,
 ) -> None:
-    """bad_words_ids: the decoder's start token tf bans already; any other has no equivalent."""
+    """bad_words_ids: the decoder's start token tf bans already (unless it is the EOS, `ids`
+    are the start's and the EOS's); any other has no equivalent."""
+    start_id, eos_id = ids
     banned = settings["bad_words_ids"]
     if banned is not None and not (
         isinstance(banned, list)
@@ -296,6 +307,10 @@ def _banned(
     ):
         raise InputError(f"{check.path}: bad_words_ids must be lists of token ids, got {banned!r}")
     words = banned or []
+    if start_id == eos_id:  # the decoder starts from EOS (NLLB's, mBART-50's): banned nowhere
+        if words:
+            generation.refuse("bad_words_ids", words, "tf bans no token")
+        return
     if [start_id] not in words:
         generation.refuse(
             "bad_words_ids",

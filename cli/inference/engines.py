@@ -107,6 +107,11 @@ class Engine:
                 f"with --to, one of {short_list(self.languages)}"
             )
         source, target = self.frm or self.reads(), self.target()
+        if source == "src" and self.target_side:  # its sources must say their language
+            raise InputError(
+                f"{command}: the model reads {short_list(dict.fromkeys(self.source_langs()))} "
+                f"into {target}: name the source's language with --from"
+            )
         if source == target:
             raise InputError(
                 f"{command}: source and target language are both {source!r}: the pairs' two "
@@ -147,9 +152,18 @@ class Engine:
             lang = request.to or to or self.to
             return with_language(request.text, lang, self.languages, where, request.to)
         check_from(request.frm, self.config, where)
-        sources = self.config.data.sources_into(self.target(request.to or to))
-        default = request.frm or frm or self.frm or (sources[0] if len(sources) == 1 else "")
+        default = request.frm or frm or self.frm or self.default_source(request.to or to)
         return with_language(request.text, default, self.sources, where, request.frm, "from")
+
+    def default_source(self, to: str = "") -> str:
+        """The source language a line that names none is read in: the one the model reads into
+        its target, or (a many-to-many model's: NLLB's 202) the one it records as its
+        default (`data.src_lang`, tokenizer_config.json's `src_lang` at import); else none."""
+        d = self.config.data
+        sources = d.sources_into(self.target(to))
+        if len(sources) == 1:
+            return sources[0]
+        return d.src_lang if d.languages and d.src_lang in sources else ""
 
     def stream(
         self,
@@ -443,8 +457,9 @@ def translate_ids_ct2(
     beam search never returns an empty output: with alpha 0 and `decode.min_len` 1 its search
     is ours. What its rules forbid (min length, repeated n-grams) it takes out before its
     softmax, as `decode.renormalize` true does. Its scores are turned into ours
-    (`_tf_hypotheses`). A guide's prefix is its `target_prefix` (it has no constraints:
-    `Engine.guides` refuses them first).
+    (`_tf_hypotheses`). A guide's forced language token (`lang_token_side: target`), then its
+    prefix, are its `target_prefix` (it has no constraints: `Engine.guides` refuses them
+    first); its limits count them, as ours do.
     """
     results = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
     limits = {i: length_limit(len(ids), config) for i, ids in enumerate(src_ids) if ids}
@@ -490,7 +505,7 @@ def _search_ct2(translator, tokenizer, src_ids, rows, limit, config, results, gu
     else:  # every hypothesis of the beam CTranslate2 returns: tf's scores rank them again
         returned = min(decode.beam_size, ct2_most_hypotheses(decode))
         search = dict(beam_size=decode.beam_size, num_hypotheses=max(decode.nbest, returned))
-    prefixes = [tokenizer.tgt_pieces(list(guides[i].prefix)) if guides[i] else None for i in rows]
+    prefixes = [_ct2_prefix(tokenizer, guides[i]) for i in rows]
     found = translator.translate_batch(
         sources,
         target_prefix=prefixes if any(prefixes) else None,
@@ -505,9 +520,37 @@ def _search_ct2(translator, tokenizer, src_ids, rows, limit, config, results, gu
         max_input_length=0,  # sources are cut to the model's limit already, never at 1024
         return_scores=True,
     )
-    for i, source, result in zip(rows, sources, found):
-        hyps = _tf_hypotheses(translator, tokenizer, source, result, limit, decode)
+    counted = _prefix_log_probs(translator, sources, prefixes, [guides[i] for i in rows])
+    for i, source, result, prefix_lp in zip(rows, sources, found, counted):
+        certain = len(guides[i].forced) if guides[i] else 0
+        hyps = _tf_hypotheses(
+            translator, tokenizer, source, result, limit, decode, certain, prefix_lp
+        )
         results[i] = hyps[: decode.nbest]
+
+
+def _ct2_prefix(tokenizer: Tokenizer, guide: Guide | None) -> list[str] | None:
+    """A guide's `target_prefix`: the language token the decoder is made to write first
+    (`Guide.forced`), then the request's prefix; None for no guide."""
+    return tokenizer.tgt_pieces(list(guide.forced + guide.prefix)) if guide else None
+
+
+def _prefix_log_probs(translator, sources, prefixes, guides) -> list[float]:
+    """Each row's log-probability of its request's prefix, which tf's score counts and
+    CTranslate2's leaves out (its search scores a target prefix's tokens 0, the forced
+    language token's too, which tf counts as certain: 0 as well). One forced decoding of the
+    rows with a prefix, their language token's log-probability dropped; 0.0 for the others."""
+    asks = [n for n, g in enumerate(guides) if g and g.prefix]
+    totals = [0.0] * len(sources)
+    if not asks:
+        return totals
+    scored = translator.score_batch(
+        [sources[n] for n in asks], [prefixes[n] for n in asks], max_input_length=0
+    )
+    for n, result in zip(asks, scored):
+        certain = len(guides[n].forced)
+        totals[n] = sum(result.log_probs[certain : len(prefixes[n])])  # not the EOS after it
+    return totals
 
 
 def _ct2_topk(topk: int, vocab_size: int) -> int:
@@ -523,15 +566,20 @@ def _ct2_alpha(decode: DecodeConfig) -> float:
     return 0.0 if is_greedy(decode) or decode.sampling else decode.length_penalty
 
 
-def _tf_hypotheses(translator, tokenizer, source, result, limit, decode) -> list[Hypothesis]:
+def _tf_hypotheses(
+    translator, tokenizer, source, result, limit, decode, certain: int = 0, prefix_lp: float = 0.0
+) -> list[Hypothesis]:
     """CTranslate2's hypotheses with tf's scores, best first by them.
 
     CTranslate2 scores log P / |Y| ** alpha, and tf log P / lp(|Y|) (`decode.length_penalty_form`:
     GNMT's ((5 + |Y|) / 6) ** alpha, or CTranslate2's own; greedy: log P), log P and |Y|
-    counting the EOS (`Hypothesis.log_prob` is that sum). A hypothesis cut at the length limit
-    has no EOS in CTranslate2, where tf forces one and counts its log-probability (unless
-    `decode.score_forced_eos` is false): those few are scored again, with EOS, by CTranslate2's
-    forced decoding.
+    counting the EOS (`Hypothesis.log_prob` is that sum) and a target prefix's tokens. In its
+    log P CTranslate2 counts none of the prefix's tokens (it forces them at a score of 0):
+    tf counts the `certain` first ones (the language token a decoder is made to write) as 0
+    too, and the request's prefix by its log-probability, `prefix_lp`, added back. A
+    hypothesis cut at the length limit has no EOS in CTranslate2, where tf forces one and
+    counts its log-probability (unless `decode.score_forced_eos` is false): those few are
+    scored again, with EOS, by CTranslate2's forced decoding, every token but the certain ones.
     """
     lp = LengthPenalty(0.0) if is_greedy(decode) else length_penalty(decode)
     hyps = []
@@ -539,9 +587,9 @@ def _tf_hypotheses(translator, tokenizer, source, result, limit, decode) -> list
         if len(pieces) >= limit:
             (forced,) = translator.score_batch([source], [pieces], max_input_length=0)
             counted = forced.log_probs if decode.score_forced_eos else forced.log_probs[:-1]
-            log_prob = sum(counted)
+            log_prob = sum(counted[certain:])
         else:
-            log_prob = score * (len(pieces) + 1) ** _ct2_alpha(decode)
+            log_prob = score * (len(pieces) + 1) ** _ct2_alpha(decode) + prefix_lp
         tf_score = log_prob / lp(len(pieces) + 1)
         hyps.append(Hypothesis(tokenizer.tgt_piece_ids(pieces), tf_score, log_prob))
     return sorted(hyps, key=lambda h: h.score, reverse=True)  # stable: ties keep their order
