@@ -64,6 +64,7 @@ STANDINS = {
         fairseq_standin.NLLB_IDS,
     ),
     "nllb-tiny": (fairseq_standin.TINY["nllb"], 500, 0),
+    "nllb-600m": (fairseq_standin.PUBLISHED["nllb"], 8000, fairseq_standin.NLLB_IDS),
 }  # fmt: skip
 # The languages of each stand-in's corpus, as its tokenizer names them (NLLB-200: its codes).
 LANGUAGES = {"opus": ("es", "en"), "nllb": ("spa_Latn", "eng_Latn")}
@@ -75,8 +76,10 @@ def languages(size: str) -> tuple[str, str]:
 
 def standin_run(out: Path, size: str = "opus") -> tuple[Path, Path]:
     """The stand-in of `size` (made once) and its `tf import`, under `out`."""
-    name = f"{size}-standin" if size.startswith("nllb") else "opus-mt-standin"
-    name += "" if size in ("opus", "nllb") or size.startswith("nllb") else f"-{size}"
+    if size.startswith("nllb"):
+        name = f"{size}-standin"
+    else:
+        name = "opus-mt-standin" + ("" if size == "opus" else f"-{size}")
     directory, run = out / name, out / f"{name}-run"
     if not (directory / "model.safetensors").is_file():
         shape, pieces, vocabulary = STANDINS[size]
@@ -147,12 +150,24 @@ def child_tf(run: Path, out: Path, sets: list[str]) -> dict:
         for line in (out / "metrics.jsonl").read_text().splitlines()
         if "tokens_per_s" in (record := json.loads(line))
     ]
-    return {"tokens_per_s": statistics.mean(windows[1:]), "peak_rss_gb": peak_rss_gb()}
+    last = out / "checkpoints" / "last.pt"
+    return {
+        "tokens_per_s": statistics.mean(windows[1:]),
+        "peak_rss_gb": peak_rss_gb(),
+        "checkpoint_mb": last.stat().st_size / 1e6,
+    }
 
 
-def child_transformers(directory: Path, run: Path, sets: list[str], updates: int) -> dict:
+# peft's names for the attention projections of M2M100's and Marian's layers: tf's q, k, v, o
+PEFT_ATTENTION = ["q_proj", "k_proj", "v_proj", "out_proj"]
+
+
+def child_transformers(
+    directory: Path, run: Path, sets: list[str], updates: int, lora_rank: int = 0
+) -> dict:
     """The transformers user's loop over tf's batches of the same settings (see the module
-    docstring), timed after two warm-up updates."""
+    docstring), timed after two warm-up updates; with `lora_rank`, through peft's LoRA on the
+    attention projections (alpha 16, as tf's default), AdamW over the adapters."""
     from transformers import AutoModelForSeq2SeqLM
 
     from cli.config import load_config
@@ -165,8 +180,14 @@ def child_transformers(directory: Path, run: Path, sets: list[str], updates: int
     config = with_init(load_config("configs/finetune.yaml", overrides))
     data = prepare_training_data(config.data, batching(config, Dist()), out_dir(run), False)
     model = AutoModelForSeq2SeqLM.from_pretrained(directory)
+    if lora_rank:
+        import peft
+
+        adapters = peft.LoraConfig(r=lora_rank, lora_alpha=16, target_modules=PEFT_ATTENTION)
+        model = peft.get_peft_model(model, adapters)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=config.train.lr)
     dtype = autocast_dtype(config.train.precision, torch.device("cpu"))
     tokens, seconds = 0, 0.0
     batches = iter(data.train)
@@ -179,7 +200,7 @@ def child_transformers(directory: Path, run: Path, sets: list[str], updates: int
                 input_ids=batch.src, attention_mask=~batch.src_pad_mask, labels=labels
             ).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.clip_norm)
+        torch.nn.utils.clip_grad_norm_(trained, config.train.clip_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if step >= 2:
@@ -245,12 +266,13 @@ def print_results(r: dict) -> None:
 
 
 def child(argv: list[str]) -> None:
-    kind, directory, imported, sets, updates = argv
+    kind, directory, imported, sets, updates, *lora = argv
     sets, updates = json.loads(sets), int(updates)
     if kind == "child-tf":
         result = child_tf(Path(imported), Path(imported).parent / "finetune-bench-tf", sets)
     else:
-        result = child_transformers(Path(directory), Path(imported), sets, updates)
+        rank = int(lora[0]) if lora else 0
+        result = child_transformers(Path(directory), Path(imported), sets, updates, rank)
     print(json.dumps(result))
 
 

@@ -24,6 +24,7 @@ import yaml
 from cli.device import DEVICE_PATTERN
 from data.config import DataConfig, check_data
 from data.files import atomic_output
+from model.lora import TRAINABLE_GROUPS, LoraConfig, check_lora
 from model.transformer import ModelConfig
 
 # The run's config beside an exported model (CTranslate2, Hugging Face): what `tf translate DIR`
@@ -87,6 +88,12 @@ class TrainConfig:
     # metrics.jsonl's scalars also as TensorBoard event files in RUN/tensorboard (when the
     # tensorboard package is installed: `make install` installs it).
     tensorboard: bool = True
+    # LoRA (Hu et al., 2021): rank 0 trains every weight; a rank trains low-rank adapters on
+    # the layers `targets` names (q, k, v, o: the attention projections; ffn: both FFN
+    # layers) of the `train.init` model, whose weights stay frozen (`cli/training/lora.py`).
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    # With LoRA, what trains besides the adapters: norms, output_bias, embeddings, positions.
+    trainable: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -350,7 +357,8 @@ def check_config(config: Config, source: str) -> Config:
         if not 0 <= values[key] < 1:
             fail(f"{key} must be in [0, 1), got {values[key]!r}")
     d, m, t, dec = config.data, config.model, config.train, config.decode
-    check_data(d, fail)
+    # train.init's model translates more than the corpora: known once `with_init` recorded it.
+    check_data(d, fail, model_known=not t.init or bool(d.directions or d.languages))
     if (d.directions or d.languages) and d.corpora() and not t.init:
         key = "data.directions" if d.directions else "data.languages"
         fail(
@@ -386,7 +394,31 @@ def check_config(config: Config, source: str) -> Config:
     if dec.nbest > dec.beam_size:
         fail(f"decode.nbest {dec.nbest} needs decode.beam_size {dec.nbest} or more")
     check_sampling(dec, fail)
+    check_lora_settings(config, fail)
     return config
+
+
+def check_lora_settings(config: Config, fail: Callable[[str], None]) -> None:
+    """train.lora and train.trainable: in range for the model, and only where they apply."""
+    t = config.train
+    if not t.lora.rank:
+        if t.trainable:
+            fail(
+                "train.trainable names what trains beside LoRA's adapters; without "
+                "train.lora.rank every weight trains: remove it"
+            )
+        return
+    try:
+        check_lora(t.lora, config.model)
+    except ValueError as e:
+        fail(f"train.lora: {e}")
+    for group in t.trainable:
+        if group not in TRAINABLE_GROUPS:
+            fail(f"train.trainable: no group {group!r}{suggest(group, list(TRAINABLE_GROUPS), '')}")
+    if not t.init:
+        fail("train.lora adapts a pretrained model: it needs train.init (--init RUN)")
+    if t.ema_decay:
+        fail("train.ema_decay averages every weight: with train.lora set it to 0")
 
 
 def check_sampling(dec: DecodeConfig, fail: Callable[[str], None]) -> None:

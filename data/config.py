@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -47,6 +48,8 @@ class DataConfig:
     temperature: float = 1.0
     # A corpus spec read as src_lang -> tgt_lang, or a list of sets with their directions,
     # [{corpus: SPEC}, {corpus: SPEC, reverse: true}]: each direction is validated on its own.
+    # A set of a direction the model translates but no corpus trains (fine-tuning a
+    # multilingual model on one direction) is watched: see `watched_directions`.
     dev: str | list[SetConfig] = "bundled:bible-es-en/dev"
     # The test sets: cleaning keeps their pairs out of training, either way round. "": none.
     test: str | list[SetConfig] = "bundled:bible-es-en/test"
@@ -106,6 +109,19 @@ class DataConfig:
         if isinstance(self.test, str):
             return [SetConfig(self.test)] if self.test else []
         return list(self.test)
+
+    def watched_directions(self) -> list[tuple[str, str]]:
+        """The dev sets' directions that no training corpus trains, each once, in order:
+        watched, not followed. Each is validated and logged (`dev_bleu/SRC-TGT`, their mean
+        `watched_bleu`), but `dev_bleu`, `dev_loss`, early stopping and best.pt follow the
+        trained directions alone: a model fine-tuned on one direction forgets the others
+        (fairseq #5025), which a user wants to see, not to pick a checkpoint by. None where no
+        dev set is of a trained direction: the sets listed are then all a run can follow."""
+        trained = {self.direction(c) for c in self.corpora()}
+        ways = list(dict.fromkeys(self.direction(s) for s in self.dev_sets()))
+        if not any(way in trained for way in ways):
+            return []
+        return [way for way in ways if way not in trained]
 
     def file_languages(self, s: SetConfig) -> tuple[str, str]:
         """The languages of `s`'s files: (source, target) before any reversing."""
@@ -288,8 +304,43 @@ def check_tags(d: DataConfig, fail: Callable[[str], None]) -> None:
             )
 
 
-def check_data(d: DataConfig, fail: Callable[[str], None]) -> None:
-    """The rules of the `data` section's values; `fail` gets a one-line problem."""
+def check_sets(d: DataConfig, fail: Callable[[str], None]) -> None:
+    """Each dev and test set is of a direction the model translates, trained or not (a dev set
+    of another is watched: `DataConfig.watched_directions`): into a language it writes, and,
+    where its sources say their language (`lang_token_side: target`), from one it reads, a
+    token of its own. (Where the target's token alone is put, any source is read, as a corpus
+    of another source language is transfer.)"""
+    writes, reads = d.target_langs(), d.source_langs()
+    for name, sets in (("data.dev", d.dev_sets()), ("data.test", d.test_sets())):
+        for i, s in enumerate(sets):
+            src, tgt = d.direction(s)
+            if tgt not in writes:
+                fail(
+                    f"{name}[{i}] translates into {tgt!r}, which the model does not (its "
+                    f"corpora, data.directions and data.languages: into {few(writes, tgt)})"
+                )
+            if d.lang_token_side == "target" and src not in reads:
+                fail(
+                    f"{name}[{i}] reads {src!r}, which the model does not (its sources say "
+                    f"their language: it reads {few(reads, src)})"
+                )
+
+
+def few(langs: list[str], lang: str) -> str:
+    """The languages a model has, for a message about `lang`, which it lacks: a dozen at most,
+    else their count and the three nearest to `lang` (NLLB has 202)."""
+    if len(langs) <= 12:
+        return ", ".join(langs)
+    near = difflib.get_close_matches(lang, langs, n=3, cutoff=0.0)
+    return f"{len(langs)} languages; nearest: {', '.join(near)}"
+
+
+def check_data(d: DataConfig, fail: Callable[[str], None], model_known: bool = True) -> None:
+    """The rules of the `data` section's values; `fail` gets a one-line problem.
+
+    `model_known` False: a config with `train.init`, whose model translates directions its
+    corpora do not; `with_init` records them (`directions`, `languages`), and the dev and test
+    sets' directions are checked then."""
     if d.vocab_size < 8:  # the four special pieces and a few more
         fail(f"data.vocab_size must be 8 or more, got {d.vocab_size}")
     if not 0 < d.character_coverage <= 1:
@@ -325,15 +376,8 @@ def check_data(d: DataConfig, fail: Callable[[str], None]) -> None:
                 f"data.directions[{i}] {way!r} must be two language codes, source then "
                 'target: "es->en"'
             )
-    targets = d.target_langs()
-    for name, sets in (("data.dev", d.dev_sets()), ("data.test", d.test_sets())):
-        for i, s in enumerate(sets):
-            into = d.direction(s)[1]
-            if into not in targets:
-                fail(
-                    f"{name}[{i}] translates into {into!r}, which the model does not (its "
-                    f"corpora and data.directions: into {', '.join(targets)})"
-                )
+    if model_known:
+        check_sets(d, fail)
     for i, c in enumerate(d.corpora()):
         where = corpus_name(d, i)
         if not c.corpus.strip():

@@ -78,19 +78,23 @@ class DevSet:
     refs: list[str]
     # The token its decoder writes first (`lang_token_side: target`: the target language's)
     forced: list[int] = field(default_factory=list)
+    # A direction no training corpus trains (`DataConfig.watched_directions`): logged, never
+    # what dev_bleu, early stopping and best.pt follow.
+    watched: bool = False
 
 
 @dataclass
 class TrainingData:
     tokenizer: Tokenizer
     train: BatchIterator
-    dev_batches: list[Batch]  # every dev set's pairs, for the loss
+    dev_batches: list[Batch]  # the pairs of the dev sets followed (not watched), for the loss
     dev_sets: list[DevSet]  # one per direction validated, decoded for BLEU
     report: dict  # RUN/data.json: what each training corpus gave
     # {"data.train[i] (SPEC)": sha256 of its pairs as batched}: a checkpoint records them, and
     # a resume that finds another corpus's content under a name refuses (the batches it
     # continues are positions in these pairs).
     digests: dict[str, str]
+    watched_batches: list[Batch] = field(default_factory=list)  # the watched sets' pairs
 
 
 def prepare_training_data(
@@ -167,6 +171,12 @@ def batch_training_data(
     trained = {d.direction(c) for c in d.corpora()}
     for way in sorted(trained - {way for way, _ in devs}):  # neither scored nor best.pt's choice
         log.warning("no dev set in data.dev translates %s: it is not validated", "->".join(way))
+    if watched := d.watched_directions():
+        log.info(
+            "data.dev: watching %s, which no corpus trains (logged each, their mean as "
+            "watched_bleu); dev_bleu, early stopping and best.pt follow the trained directions",
+            ", ".join("->".join(way) for way in watched),
+        )
     check_tags(d, corpora)
     references = {}
     if d.clean:  # no training pair may sit in the sets the run is scored on, either way round:
@@ -219,12 +229,13 @@ def batch_training_data(
         max_width=b.max_positions,
         **special,
     )
-    dev_batches, sets = dev_sets(d, b, tokenizer, devs, special)
+    (dev_batches, watched_batches), sets = dev_sets(d, b, tokenizer, devs, special)
     digests = {
         f"{corpus_name(d, i)} ({spec.corpus})": part.digest
         for i, (spec, part) in enumerate(zip(d.corpora(), parts))
     }
-    return TrainingData(tokenizer, train, dev_batches, sets, {"corpora": report}, digests)
+    report = {"corpora": report}
+    return TrainingData(tokenizer, train, dev_batches, sets, report, digests, watched_batches)
 
 
 def check_tags(d: DataConfig, corpora: list[datasets.Dataset]) -> None:
@@ -303,13 +314,15 @@ def dev_sets(
     tokenizer: Tokenizer,
     devs: list[tuple[tuple[str, str], datasets.Dataset]],
     special: dict,
-) -> tuple[list[Batch], list[DevSet]]:
-    """Dev batches for the loss (the pairs the model can take, of every set) and, per
-    direction, the first sentences of each of its sets, raw, for BLEU as `tf eval` computes it.
-    A multilingual run's sources start with their target-language token, as `tf translate --to`
-    puts it."""
+) -> tuple[tuple[list[Batch], list[Batch]], list[DevSet]]:
+    """Dev batches for the loss (the pairs the model can take), of the sets followed and of
+    those watched (`DataConfig.watched_directions`), and, per direction, the first sentences of
+    each of its sets, raw, for BLEU as `tf eval` computes it. A multilingual run's sources
+    start with their target-language token, as `tf translate --to` puts it."""
     limit = b.max_positions
-    fit, sets = [], {}
+    watched = d.watched_directions()
+    fit: dict[bool, list[datasets.Dataset]] = {False: [], True: []}  # by watched
+    sets: dict[str, DevSet] = {}
     shares = bleu_shares(
         [way for way, _ in devs], [len(ds) for _, ds in devs], b.eval_bleu_sentences
     )
@@ -325,12 +338,23 @@ def dev_sets(
             encoded = encoded.map(
                 lambda row, head: {"tgt_ids": head + row["tgt_ids"]}, fn_kwargs={"head": forced}
             )
-        fit.append(filter_pairs(encoded, max_len=limit - 1, name=spec.corpus)[0])
+        pairs = filter_pairs(encoded, max_len=limit - 1, name=spec.corpus)[0]
+        fit[direction in watched].append(pairs)
         name = direction_name(direction)  # two sets of one direction are scored as one
-        part = sets.setdefault(name, DevSet(name, [], [], forced))
+        part = sets.setdefault(name, DevSet(name, [], [], forced, direction in watched))
         first = encoded.select(range(share))["src_ids"]
         part.src_ids += [tokenizer.truncate_src(ids, limit) for ids in first]
         part.refs += dev.select(range(share))["tgt"]
+    followed, watched_pairs = (loss_batches(d, b, pairs, special) for pairs in fit.values())
+    return (followed, watched_pairs), list(sets.values())
+
+
+def loss_batches(
+    d: DataConfig, b: Batching, fit: list[datasets.Dataset], special: dict
+) -> list[Batch]:
+    """The encoded pairs of `fit` in batches of the training budget, in order; none of none."""
+    if not fit:
+        return []
     dev_fit = joined(fit)
     dev_batches = BatchIterator(
         token_ids(dev_fit, "src_ids"),
@@ -343,7 +367,7 @@ def dev_sets(
         max_width=b.max_positions,
         **special,
     )
-    return list(dev_batches), list(sets.values())
+    return list(dev_batches)
 
 
 # ------------------------------------------------------------------------ the run's tokenizer

@@ -287,6 +287,12 @@ class MultiheadAttention(nn.Module):
         self.in_proj_weight = nn.Parameter(torch.empty(3 * self.inner, d_model))
         self.in_proj_bias = nn.Parameter(torch.empty(3 * self.inner))
         self.out_proj = nn.Linear(self.inner, d_model)
+        # LoRA adapters on W_q, W_k, W_v (`model.lora.add_lora`), each x (..., D) -> the update
+        # of its rows' projection (..., inner); None where there is none (plain attributes
+        # then, read at no cost while decoding).
+        self.lora_q: nn.Module | None = None
+        self.lora_k: nn.Module | None = None
+        self.lora_v: nn.Module | None = None
         # Packed copies of in_proj's rows for decoding on a CPU (`model.packed`), by part.
         self.packed: dict[str, PackedLinear] = {}
         self.reset_parameters()
@@ -315,11 +321,27 @@ class MultiheadAttention(nn.Module):
         return rows[part]
 
     def _in_proj(self, x: Tensor, part: str) -> Tensor:
-        """x (B, T, D) projected by in_proj's rows of `part` -> (B, T, n H d_head)."""
+        """x (B, T, D) projected by in_proj's rows of `part` -> (B, T, n H d_head), with the
+        updates of the LoRA adapters on those rows, if any."""
         if part in self.packed:
-            return self.packed[part](x)
-        rows = self._rows(part)
-        return F.linear(x, self.in_proj_weight[rows], self.in_proj_bias[rows])
+            y = self.packed[part](x)
+        else:
+            rows = self._rows(part)
+            y = F.linear(x, self.in_proj_weight[rows], self.in_proj_bias[rows])
+        if self.lora_q is None and self.lora_k is None and self.lora_v is None:
+            return y
+        return self._add_lora(x, y, part)
+
+    def _add_lora(self, x: Tensor, y: Tensor, part: str) -> Tensor:
+        """y, the projection of x by the rows of `part`, plus each adapter's low-rank update
+        of its rows, in place in its columns of y (W_q's [0, inner) of "qkv" and "q"; W_k's
+        [inner, 2 inner) of "qkv", [0, inner) of "kv"; ...): W x + scale B A x without ever
+        forming W + scale B A, so a frozen W costs no gradient matmul."""
+        for i, name in enumerate(part):  # "qkv": q, k, v; "q": q; "kv": k, v
+            adapter = getattr(self, "lora_" + name)
+            if adapter is not None:
+                y[..., i * self.inner : (i + 1) * self.inner] += adapter(x)  # (B, T, inner)
+        return y
 
     def _split_heads(self, x: Tensor, n: int) -> Tensor:
         """(B, T, n*D) projections -> (n, B, H, T, D/H)."""

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import torch
 
-from cli.training.checkpoint import CheckpointError, load_checkpoint, save_atomic
+from cli.training.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_for_inference,
+    save_atomic,
+)
 from cli.training.run import RunDir
 from data.files import check_output
 
@@ -38,6 +43,14 @@ def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torc
     return out
 
 
+def weights(ckpt: dict, path: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights: a LoRA run's are its base with the adapters merged (the mean
+    of merged models, not of the adapters' factors, whose product it is not)."""
+    if "base" not in ckpt:
+        return ckpt["model"]
+    return load_for_inference(path, torch.device("cpu"))[0].state_dict()
+
+
 def run_average(sources: list[str], last: int, output: Path) -> str:
     check_output(output)
     paths = checkpoints_to_average(sources, last)
@@ -48,7 +61,7 @@ def run_average(sources: list[str], last: int, output: Path) -> str:
     newest = ckpts[-1]
     averaged = {
         "format": newest["format"],
-        "model": average_state_dicts([c["model"] for c in ckpts]),
+        "model": average_state_dicts([weights(c, p) for c, p in zip(ckpts, paths)]),
         "config": newest["config"],
         "tokenizer_digest": newest.get("tokenizer_digest"),
         "step": newest.get("step"),

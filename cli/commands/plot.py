@@ -85,26 +85,20 @@ def plot_curves(run_dir: Path, out_png: Path) -> Path:
             (train, "loss", "train loss (label-smoothed)", TRAIN_STYLE),
             (train, "nll", "train NLL", TRAIN_STYLE),
             (dev, "dev_loss", "dev loss (label-smoothed)", DEV_STYLE),
+            (dev, "watched_loss", "watched directions' dev loss", DEV_STYLE),
         ],
     )
     draw_series(
         ppl,
         "perplexity",
-        [(train, "ppl", "train", TRAIN_STYLE), (dev, "dev_ppl", "dev", DEV_STYLE)],
-    )
-    ppl.set_yscale("log")
-    directions = list(dict.fromkeys(k.split("/", 1)[1] for r in dev for k in r if "/" in k))
-    mean = " (mean of the directions)" if directions else ""
-    draw_series(
-        scores,
-        "dev BLEU / chrF",
-        [(dev, "dev_bleu", f"BLEU{mean}", DEV_STYLE), (dev, "dev_chrf", f"chrF{mean}", DEV_STYLE)]
-        + [
-            (dev, f"dev_{name}/{d}", f"{label} {d}", DIRECTION_STYLE)
-            for d in directions
-            for name, label in (("bleu", "BLEU"), ("chrf", "chrF"))
+        [
+            (train, "ppl", "train", TRAIN_STYLE),
+            (dev, "dev_ppl", "dev", DEV_STYLE),
+            (dev, "watched_ppl", "dev, watched directions", DEV_STYLE),
         ],
     )
+    ppl.set_yscale("log")
+    draw_scores(scores, dev)
     draw_series(lr, "learning rate", [(train, "lr", "lr", TRAIN_STYLE)])
     lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     for axes in (scores, lr):
@@ -114,6 +108,31 @@ def plot_curves(run_dir: Path, out_png: Path) -> Path:
     with atomic_output(out_png, "wb") as f:
         figure.savefig(f, dpi=100, format="png")
     return out_png
+
+
+def draw_scores(axes: Axes, dev: list[Record]) -> None:
+    """Dev BLEU and chrF: the mean that best.pt follows, a multilingual run's directions each,
+    and the mean of the watched ones (directions no corpus trains: forgetting), where logged."""
+    directions = list(dict.fromkeys(k.split("/", 1)[1] for r in dev for k in r if "/" in k))
+    if any("watched_bleu" in r for r in dev):
+        mean = " (mean of the trained directions)"
+    else:
+        mean = " (mean of the directions)" if directions else ""
+    scores = (("bleu", "BLEU"), ("chrf", "chrF"))
+    draw_series(
+        axes,
+        "dev BLEU / chrF",
+        [(dev, f"dev_{name}", f"{label}{mean}", DEV_STYLE) for name, label in scores]
+        + [
+            (dev, f"watched_{name}", f"{label} (mean of the watched directions)", DEV_STYLE)
+            for name, label in scores
+        ]
+        + [
+            (dev, f"dev_{name}/{d}", f"{label} {d}", DIRECTION_STYLE)
+            for d in directions
+            for name, label in scores
+        ],
+    )
 
 
 def draw_series(

@@ -279,9 +279,15 @@ def check_keeps_tokenizer(d: DataConfig, tokenizer: Tokenizer, path: Path) -> No
 
 
 def load_weights(model: Transformer, ckpt: dict[str, Any], path: Path, key: str = "model") -> None:
-    """`ckpt[key]` into `model`; weights of other shapes are a one-line CheckpointError."""
+    """`ckpt[key]` into `model` (a LoRA run's: its base with the adapters merged, an ordinary
+    model); weights of other shapes are a one-line CheckpointError."""
     try:
-        model.load_state_dict(ckpt[key])
+        if "base" in ckpt and key == "model":
+            from cli.training.lora import load_merged  # which imports this module
+
+            load_merged(model, ckpt, path, config_from_checkpoint(ckpt, path))
+        else:
+            model.load_state_dict(ckpt[key])
     except (KeyError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0]
         raise CheckpointError(f"{path}: weights do not fit the model ({first[:120]})") from None

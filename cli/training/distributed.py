@@ -117,6 +117,15 @@ def gather_to_main(d: Dist, obj: Any) -> list[Any] | None:
     return out
 
 
+def broadcast_object(d: Dist, obj: Any) -> Any:
+    """The main rank's `obj` on every rank (the others' are ignored)."""
+    if not d.active:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier(d: Dist) -> None:
     if d.active:
         dist.barrier()

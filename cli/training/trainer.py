@@ -15,7 +15,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Collection, Generator, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -30,7 +30,7 @@ from cli.device import autocast_dtype, configure_device, make_deterministic
 from cli.inference.decoding import translate_ids
 from cli.inference.requests import Guide
 from cli.inference.scoring import score
-from cli.training import distributed
+from cli.training import distributed, lora
 from cli.training.checkpoint import (
     FORMAT,
     CheckpointError,
@@ -70,14 +70,19 @@ class Progress:
     oom_splits: int = 0  # updates retried on smaller batches after running out of memory
 
 
-def direction_scores(per_direction: dict[str, dict[str, Any]]) -> dict[str, float]:
+def direction_scores(
+    per_direction: dict[str, dict[str, Any]], watched: Collection[str] = ()
+) -> dict[str, float]:
     """dev_bleu and dev_chrf: the mean over the directions, which early stopping and best.pt
-    follow (a direction is not worth more for having more dev sentences); with several
-    directions, each one's too, as dev_bleu/es-en."""
+    follow (a direction is not worth more for having more dev sentences), but for those
+    `watched` (no corpus trains them: `DataConfig.watched_directions`), whose mean is
+    watched_bleu; with several directions, each one's too, as dev_bleu/es-en."""
+    followed = [way for way in per_direction if way not in watched]
     metrics = {}
     for name in ("bleu", "chrf"):
-        values = [scores[name] for scores in per_direction.values()]
-        metrics[f"dev_{name}"] = sum(values) / len(values)
+        for mean, ways in (("dev", followed), ("watched", list(watched))):
+            if ways:
+                metrics[f"{mean}_{name}"] = sum(per_direction[w][name] for w in ways) / len(ways)
         if len(per_direction) > 1:
             metrics.update({f"dev_{name}/{d}": s[name] for d, s in per_direction.items()})
     return metrics
@@ -152,16 +157,26 @@ class Trainer:
             self.data = training_data(config, run.tokenizer, dd, resume)
         self.tokenizer = self.data.tokenizer
         self.model = build_model(config, self.tokenizer).to(self.device)
+        self.base: dict[str, str] | None = None  # a LoRA run's base.pt record
         if t.init and not resume:  # fine-tuning: start from that checkpoint's weights
             self.load_init_weights(t.init)
+        # LoRA: adapters on the model, the rest frozen; the optimizer holds what trains.
+        self.trained = lora.adapt(self.model, config) if t.lora.rank else []
+        self.model.to(self.device)
+        self.dtype = autocast_dtype(t.precision, self.device)
+        if t.lora.rank and autocast_dtype(config.decode.precision, self.device) == self.dtype:
+            lora.hold_frozen(self.model, self.dtype)  # validation decodes in it too
         # The weights of record: validated, saved as "model", translated.
         self.average = WeightAverage(self.model, t.ema_decay) if t.ema_decay else None
         # Read by the budget schedules; `clock` is the main rank's elapsed time (see update).
         self.progress, self.epochs, self.clock = Progress(), 0.0, 0.0
         self.optimizer, self.scheduler = build_optimizer(
-            self.model.parameters(), t, config.model.d_model, self.device, self.budget_used
+            [p for p in self.model.parameters() if p.requires_grad],
+            t,
+            config.model.d_model,
+            self.device,
+            self.budget_used,
         )
-        self.dtype = autocast_dtype(t.precision, self.device)
         self.scaler = torch.amp.GradScaler(enabled=self.dtype == torch.float16)
         self.batch_stream: Prefetcher | Generator[Fetched, None, None] | None = None
         self.metrics: MetricsLog | None = None  # the main rank's (restore opens it on resume)
@@ -185,12 +200,16 @@ class Trainer:
         """Fine-tuning: the weights of checkpoint `init`, whose embeddings must belong to this
         run's tokenizer (`with_init` chose it; this is where weights and vocabulary meet)."""
         path = resolve_checkpoint(init)[0]
-        ckpt = load_checkpoint(path)
+        ckpt = load_checkpoint(path, mmap=True)  # copied into the model: never held twice
         if ckpt.get("tokenizer_digest") not in (None, self.tokenizer.digest()):
             raise CheckpointError(
                 f"{path}: was trained with another tokenizer than {self.run.tokenizer}"
             )
         load_weights(self.model, ckpt, path)
+        if self.config.train.lora.rank and self.dist.main:  # the adapters' base, kept once
+            self.base = lora.write_base(self.run.path, path, ckpt, self.model.state_dict())
+        if self.config.train.lora.rank:
+            self.base = distributed.broadcast_object(self.dist, self.base)
 
     def training_module(self) -> torch.nn.Module:
         """What the updates run: the model, under DDP when distributed, compiled if asked."""
@@ -229,9 +248,16 @@ class Trainer:
         # "model" is what inference, export and `train.init` read; with a weight average on,
         # the trained weights go under "train_model" for a resume.
         trained = {"train_model": self.model.state_dict()} if self.average else {}
+        if self.base:  # a LoRA run keeps what trains, and the record of its base
+            trained = {"base": self.base}
+        weights = (
+            lora.trained_state(self.model, self.trained)
+            if self.base
+            else self.model_of_record.state_dict()
+        )
         return {
             "format": FORMAT,
-            "model": self.model_of_record.state_dict(),
+            "model": weights,
             **trained,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -292,7 +318,12 @@ class Trainer:
                 f"{path}: was trained with another tokenizer than {self.run.tokenizer}"
             )
         check_same_corpora(ckpt.get("corpora"), self.data.digests, path)
-        self.model.load_state_dict(ckpt.get("train_model", ckpt["model"]))
+        lora.check_resume(ckpt, self.config, path)
+        if "base" in ckpt:  # the base from RUN/base.pt (checked), the adapters over it
+            lora.load_adapted(self.model, ckpt, path)
+            self.base = ckpt["base"]
+        else:
+            self.model.load_state_dict(ckpt.get("train_model", ckpt["model"]))
         if self.average:  # a run without one starts its average from the trained weights
             self.average.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
@@ -502,17 +533,11 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Dev loss/perplexity over the whole dev set, BLEU/chrF of greedy decoding of a subset,
-        of the model of record."""
+        """Dev loss/perplexity over the dev sets, BLEU/chrF of greedy decoding of a subset of
+        each direction's, of the model of record; the watched directions' apart (their loss and
+        mean as watched_*: `direction_scores`)."""
         model = self.model_of_record
         model.eval()
-        sums = torch.zeros(2, device=self.device)  # smoothed loss, NLL
-        tokens = 0
-        for batch in self.data.dev_batches:
-            batch = batch.to(self.device)
-            sums += torch.stack(self.loss_of(batch, model))
-            tokens += batch.n_tgt_tokens
-        loss, nll = sums.tolist()
         per_set = {}
         for dev in self.data.dev_sets:
             # A decoder that writes the target language first is made to, as `tf translate`.
@@ -523,12 +548,29 @@ class Trainer:
             )
             texts = self.tokenizer.decode_tgt([h[0].tokens for h in hyps])
             per_set[dev.name] = score(texts, dev.refs)
+        watched = [dev.name for dev in self.data.dev_sets if dev.watched]
+        metrics = {
+            **self.mean_loss(model, self.data.dev_batches, "dev"),
+            **direction_scores(per_set, watched),
+        }
+        if self.data.watched_batches:
+            metrics.update(self.mean_loss(model, self.data.watched_batches, "watched"))
         self.model.train()
+        return metrics
+
+    def mean_loss(self, model: torch.nn.Module, batches: list[Batch], name: str) -> dict:
+        """NAME_loss, NAME_nll, NAME_ppl: per target token of `batches`."""
+        sums = torch.zeros(2, device=self.device)  # smoothed loss, NLL
+        tokens = 0
+        for batch in batches:
+            batch = batch.to(self.device)
+            sums += torch.stack(self.loss_of(batch, model))
+            tokens += batch.n_tgt_tokens
+        loss, nll = sums.tolist()
         return {
-            "dev_loss": loss / tokens,
-            "dev_nll": nll / tokens,
-            "dev_ppl": math.exp(min(nll / tokens, 50)),
-            **direction_scores(per_set),
+            f"{name}_loss": loss / tokens,
+            f"{name}_nll": nll / tokens,
+            f"{name}_ppl": math.exp(min(nll / tokens, 50)),
         }
 
     # -- the loop

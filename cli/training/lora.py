@@ -1,0 +1,164 @@
+"""LoRA runs (Hu et al., 2021; `train.lora`): the adapters `model.lora` adds train, the
+pretrained weights stay frozen, and a run keeps them once.
+
+A run adapted from `train.init` holds its base weights in RUN/base.pt, written once at its
+start (a hard link to the init's checkpoint where that file holds weights alone, an import's,
+and the file system allows it), and every checkpoint records the file's sha256. Its
+checkpoints' "model" holds only what trains (the adapters, the groups `train.trainable`
+names) with their optimizer state: megabytes where the base is gigabytes. Whatever reads a
+checkpoint's weights (`load_weights`: inference, export, `tf average`, `tf distill`, a later
+`train.init`) gets the base with the adapters merged in, an ordinary model; a resume gets
+them apart (`load_adapted`), to go on training the adapters alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cli.config import Config
+from cli.training.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_atomic
+from model.attention import MultiheadAttention
+from model.lora import add_lora, freeze_for_lora, merge_lora
+
+BASE = "base.pt"  # beside checkpoints/ in the run directory
+
+
+def base_path(checkpoint: Path) -> Path:
+    """Where the base of the checkpoint at `checkpoint` lies: in its run directory (a checkpoint
+    in RUN/checkpoints/), else beside it."""
+    parent = checkpoint.parent
+    return (parent.parent if parent.name == "checkpoints" else parent) / BASE
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_base(
+    run_path: Path, init: Path, init_ckpt: dict[str, Any], weights: dict[str, torch.Tensor]
+) -> dict[str, str]:
+    """RUN/base.pt: the weights the adapters start from (`weights`, the init's as loaded),
+    once. Returns the record each checkpoint keeps ({"file", "sha256"})."""
+    out = run_path / BASE
+    tmp = out.with_name(f".{BASE}.tmp")
+    tmp.unlink(missing_ok=True)
+    weights_alone = "optimizer" not in init_ckpt and "base" not in init_ckpt
+    try:
+        if not weights_alone:
+            raise OSError("the init holds more than weights")
+        os.link(init, tmp)  # an import's step 0: the same bytes, no second copy
+    except OSError:
+        save_atomic({"format": FORMAT, "model": weights}, tmp)
+    os.replace(tmp, out)
+    return {"file": BASE, "sha256": file_sha256(out)}
+
+
+def base_weights(ckpt: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:
+    """The base weights of the adapted checkpoint at `path`, checked against its record.
+
+    Raises:
+        CheckpointError: the file is missing, or is not the one the adapters were trained on.
+    """
+    record, base = ckpt["base"], base_path(path)
+    if not base.is_file():
+        raise CheckpointError(
+            f"{base}: missing, the base weights of {path} (a LoRA checkpoint holds only its "
+            "adapters); restore the run's base.pt"
+        )
+    if file_sha256(base) != record["sha256"]:
+        raise CheckpointError(
+            f"{base}: changed since {path} was written (its sha256 is not the one recorded): "
+            "the adapters were trained on other weights"
+        )
+    return load_checkpoint(base, mmap=True)["model"]
+
+
+def adapt(model: torch.nn.Module, config: Config) -> list[str]:
+    """Adapters on `model` (`train.lora`), everything else frozen but `train.trainable`'s
+    groups; returns the names that train. The adapters' first values are drawn from a
+    generator of the run's seed: the global one's draws (dropout's) stay as without LoRA."""
+    generator = torch.Generator().manual_seed(config.train.seed)
+    add_lora(model, config.train.lora, generator)
+    return freeze_for_lora(model, config.train.trainable)
+
+
+def hold_frozen(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
+    """The frozen matrices of `model`'s layers held in `dtype`, the precision autocast trains
+    in (bf16, fp16; None: as they are). Autocast casts them to it for every matmul anyway, so
+    the numbers are the same, and a weight that never updates needs no float32 copy: half
+    their memory, and no cast at each step. Norms, biases and embeddings (whose lookup
+    autocast leaves in float32) stay as they are, and so does the output layer (tied to them)."""
+    if dtype is None:
+        return
+    generator = getattr(model, "generator", None)
+    for module in model.modules():
+        if isinstance(module, MultiheadAttention):
+            weight = module.in_proj_weight
+        elif isinstance(module, torch.nn.Linear) and module is not generator:
+            weight = module.weight
+        else:
+            continue
+        if not weight.requires_grad:
+            weight.data = weight.data.to(dtype)
+
+
+def load_adapted(model: torch.nn.Module, ckpt: dict[str, Any], path: Path) -> None:
+    """An adapted `model` (`adapt`) given the checkpoint's base and, over it, what it trained."""
+    missing, unexpected = model.load_state_dict(base_weights(ckpt, path), strict=False)
+    trained = ckpt["model"]
+    if unexpected or set(missing) - set(trained):
+        wrong = unexpected or sorted(set(missing) - set(trained))
+        raise CheckpointError(f"{base_path(path)}: weights that do not fit the model ({wrong[0]})")
+    missing, unexpected = model.load_state_dict(trained, strict=False)
+    if unexpected:
+        raise CheckpointError(f"{path}: adapters that do not fit the model ({unexpected[0]})")
+
+
+def load_merged(model: torch.nn.Module, ckpt: dict[str, Any], path: Path, config: Config) -> None:
+    """The adapted checkpoint's weights in a plain `model`: base and adapters merged (what
+    inference, exports and averages read)."""
+    add_lora(model, config.train.lora)
+    load_adapted(model, ckpt, path)
+    merge_lora(model)
+
+
+def trained_state(model: torch.nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
+    """What an adapted run's checkpoint keeps of `model`: the tensors that train."""
+    keep = set(names)
+    return {k: v for k, v in model.state_dict(keep_vars=False).items() if k in keep}
+
+
+def check_resume(ckpt: dict[str, Any], config: Config, path: Path) -> None:
+    """A resume keeps the run's LoRA settings: adapters of another shape, or adapters on a run
+    trained without them (or none on one trained with them), cannot continue it.
+
+    Raises:
+        CheckpointError: naming the checkpoint and what differs.
+    """
+    was = (ckpt.get("config", {}).get("train", {}) or {}).get("lora", {}) or {}
+    now = asdict(config.train.lora)
+    if "base" not in ckpt and config.train.lora.rank:
+        raise CheckpointError(
+            f"{path}: trained without LoRA; train.lora cannot start on a resume (fine-tune it "
+            f"with --init {path.parent.parent} --out NEW_RUN instead)"
+        )
+    if "base" in ckpt and was != now:
+        raise CheckpointError(
+            f"{path}: trained with train.lora {was}; a resume keeps them (now {now})"
+        )
+    was_trainable = ckpt.get("config", {}).get("train", {}).get("trainable", [])
+    if "base" in ckpt and was_trainable != config.train.trainable:
+        raise CheckpointError(
+            f"{path}: trained with train.trainable {was_trainable}; a resume keeps it "
+            f"(now {config.train.trainable})"
+        )
