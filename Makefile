@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,plot,export,serve,tensorboard]"
+	$(BIN)/pip install -q -e ".[test,plot,export,serve,tensorboard,bench]"
 	touch $@
 
 # One pytest worker per core (TEST_WORKERS=0: one process), tests handed out as workers free

@@ -34,6 +34,7 @@ from benchmarks import (
     engines_bench,
     finetune_bench,
     loop_bench,
+    lora_bench,
     memory_bench,
     scaling_bench,
     serve_bench,
@@ -76,6 +77,8 @@ class Size:
     corpus_pairs: tuple[int, ...]  # corpus: numbered copies of the pairs, `tf train` started
     finetune_updates: int  # finetune: updates of each loop ...
     finetune_standins: tuple[str, ...]  # ... on these stand-ins (finetune_bench.STANDINS)
+    lora_standin: str  # lora: full fine-tuning, LoRA and peft's LoRA on this stand-in ...
+    lora_updates: int  # ... for this many updates each
     estimate_s: dict[str, float]  # seconds per section on a 2-core CPU (rounded, by hand)
 
 
@@ -107,6 +110,8 @@ FULL = Size(
     corpus_pairs=(28_045, 1_000_000, 10_000_000),
     finetune_updates=30,
     finetune_standins=("opus", "nllb"),
+    lora_standin="nllb-600m",
+    lora_updates=8,
     # The first four: 11 minutes in all, as a user timed them (data and attention timed
     # here); decode, engines and scaling reckoned from 100-sentence runs of `small` on 2 cores
     # and its 3 minutes of training. bench.json keeps each section's seconds: correct from it.
@@ -122,6 +127,7 @@ FULL = Size(
         "memory": 660,  # two 1,000-update `demo` runs (about 4 minutes each) and 10,000 lines
         "corpus": 2400,  # 1M pairs: 6 min; 10M: half an hour (3 starts each)
         "finetune": 1200,  # OPUS-MT-sized: 10 minutes; NLLB-shaped (256,206 rows): 9
+        "lora": 480,  # the 600M stand-in made and imported, three loops of 8 updates
     },
 )
 # About 6 minutes on the 2-core AMD EPYC (5m27s measured, its decode model already trained);
@@ -158,6 +164,8 @@ QUICK = replace(
     corpus_pairs=(28_045,),
     finetune_updates=8,
     finetune_standins=("half", "nllb-tiny"),
+    lora_standin="nllb",
+    lora_updates=6,
     estimate_s={
         "data": 5,
         "train": 15,
@@ -170,6 +178,7 @@ QUICK = replace(
         "memory": 160,
         "corpus": 25,
         "finetune": 50,
+        "lora": 240,
     },
 )
 SMOKE = Size(
@@ -208,6 +217,8 @@ SMOKE = Size(
     corpus_pairs=(3000,),
     finetune_updates=6,
     finetune_standins=("tiny", "nllb-tiny"),
+    lora_standin="nllb-tiny",
+    lora_updates=4,
     estimate_s={
         "data": 1,
         "train": 2,
@@ -220,6 +231,7 @@ SMOKE = Size(
         "memory": 25,  # two `tf train` and a `tf translate` process
         "corpus": 40,  # three `tf train` launches, one of 2 ranks
         "finetune": 40,  # a tiny stand-in made and imported, two loops in processes
+        "lora": 25,
     },
 )
 
@@ -418,6 +430,13 @@ def finetune_section(size: Size, out: Path) -> dict:
     return results
 
 
+def lora_section(size: Size, out: Path) -> dict:
+    print(f"\n== LoRA against full fine-tuning, tf against peft ({size.lora_standin} stand-in)")
+    r = lora_bench.run(size.lora_updates, size.lora_standin, out=out)
+    lora_bench.print_results(r)
+    return r
+
+
 SECTIONS: list[tuple[str, Callable[[Size, Path], dict]]] = [
     ("data", data_section),
     ("train", train_section),
@@ -430,6 +449,7 @@ SECTIONS: list[tuple[str, Callable[[Size, Path], dict]]] = [
     ("memory", memory_section),
     ("corpus", corpus_section),
     ("finetune", finetune_section),
+    ("lora", lora_section),
 ]
 
 

@@ -94,6 +94,10 @@ class TrainConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     # With LoRA, what trains besides the adapters: norms, output_bias, embeddings, positions.
     trainable: list[str] = field(default_factory=list)
+    # Under torchrun, shard the weights, gradients and Adam's moments over the processes
+    # (PyTorch's FSDP2, `cli/training/shard.py`) instead of replicating them (DDP): for a model
+    # whose ~16 bytes per parameter do not fit one device. Checkpoints stay ordinary ones.
+    shard: bool = False
 
 
 @dataclass
@@ -394,13 +398,20 @@ def check_config(config: Config, source: str) -> Config:
     if dec.nbest > dec.beam_size:
         fail(f"decode.nbest {dec.nbest} needs decode.beam_size {dec.nbest} or more")
     check_sampling(dec, fail)
-    check_lora_settings(config, fail)
+    check_training_settings(config, fail)
     return config
+
+
+def check_training_settings(config: Config, fail: Callable[[str], None]) -> None:
+    """The settings of how the weights train: LoRA's, sharding's."""
+    check_lora_settings(config, fail)
+    check_shard_settings(config, fail)
 
 
 def check_lora_settings(config: Config, fail: Callable[[str], None]) -> None:
     """train.lora and train.trainable: in range for the model, and only where they apply."""
     t = config.train
+    check_new_language_settings(config, fail)
     if not t.lora.rank:
         if t.trainable:
             fail(
@@ -419,6 +430,35 @@ def check_lora_settings(config: Config, fail: Callable[[str], None]) -> None:
         fail("train.lora adapts a pretrained model: it needs train.init (--init RUN)")
     if t.ema_decay:
         fail("train.ema_decay averages every weight: with train.lora set it to 0")
+
+
+def check_new_language_settings(config: Config, fail: Callable[[str], None]) -> None:
+    """data.new_languages grows a pretrained model; LoRA trains their rows alone where the
+    optimizer's weight decay leaves the other rows of the same matrices as they are."""
+    t = config.train
+    if config.data.new_languages and not t.init:
+        fail("data.new_languages adds languages to a pretrained model: it needs --init RUN")
+    if "embeddings_of_new_languages" in t.trainable:
+        if not config.data.new_languages:
+            fail("train.trainable embeddings_of_new_languages: data.new_languages names none")
+        if t.weight_decay:
+            fail(
+                "train.trainable embeddings_of_new_languages: train.weight_decay would move "
+                "the frozen rows of the same matrices; set it to 0"
+            )
+
+
+def check_shard_settings(config: Config, fail: Callable[[str], None]) -> None:
+    """train.shard: refused, in one line, beside what it does not do (yet)."""
+    t = config.train
+    if not t.shard:
+        return
+    if t.ema_decay:
+        fail("train.ema_decay keeps a full copy of every weight: with train.shard set it to 0")
+    if t.lora.rank:
+        fail("train.lora trains megabytes of adapters, nothing to shard: set train.shard false")
+    if t.precision == "fp16":
+        fail("train.precision fp16: its loss scale is not sharded; use bf16 with train.shard")
 
 
 def check_sampling(dec: DecodeConfig, fail: Callable[[str], None]) -> None:

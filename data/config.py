@@ -37,6 +37,17 @@ class CorpusConfig(SetConfig):
 
 
 @dataclass
+class NewLanguage:
+    """A language `tf train --init` adds to its model (`data.new_languages`): its token, the
+    next id of the tokenizer, and a new embedding row, the copy of `init`'s."""
+
+    lang: str  # as the corpora name it (src_lang/tgt_lang): xyz_Latn, its token the model's form
+    # Where its row starts: "mean" (of the model's language tokens' rows), or a language of
+    # the model whose row it copies (a related one: fra_Latn for a Romance language).
+    init: str = "mean"
+
+
+@dataclass
 class DataConfig:
     # A corpus spec (PREFIX, .tsv, .jsonl, hf:NAME[:CFG][@SPLIT], bundled:NAME/SPLIT), or a list
     # of corpora with weights and tags: [{corpus: SPEC, weight: 4, tag: "<bt>"}, ...].
@@ -93,6 +104,11 @@ class DataConfig:
     # student uses its teacher's) or an imported model's (`tf import`: Marian's SentencePiece
     # models and vocabulary). The vocabulary settings above then do not apply.
     tokenizer: str = ""
+    # Languages a fine-tuned model lacks, added to it (`tf train --init`): each one's token
+    # joins the run's copy of the tokenizer and a row the embeddings, started from a named
+    # language's row or the mean: [{lang: xyz_Latn, init: fra_Latn}]. Every id there was keeps
+    # its id and its row.
+    new_languages: list[NewLanguage] = field(default_factory=list)
 
     def corpora(self) -> list[CorpusConfig]:
         """`train` as a list: a single spec is one corpus of weight 1, untagged."""
@@ -192,6 +208,10 @@ class DataConfig:
         if self.lang_token_side == "source":
             return []
         return [self.lang_tokens()[self.direction(s)[1]]]
+
+    def new_tokens(self) -> list[str]:
+        """The tokens of `new_languages`, in the run's form (`lang_token`), in order."""
+        return [lang_token(self.lang_token, n.lang) for n in self.new_languages]
 
     def tags(self) -> list[str]:
         """The reserved pieces, each once, in order (the tokenizer reserves them): the language

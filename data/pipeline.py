@@ -22,6 +22,7 @@ from typing import Any
 import datasets
 import numpy as np
 
+from data.added_tokens import add_tokens
 from data.batching import Batch, BatchIterator, RaggedConcat
 from data.clean import Reference, first_row_holding
 from data.config import (
@@ -388,7 +389,7 @@ def choose_tokenizer(
     config asking for another one is an error naming both.
     """
     if d.tokenizer:
-        return adopt_tokenizer(Path(d.tokenizer), directory, resume)
+        return adopt_tokenizer(Path(d.tokenizer), directory, resume, d.new_tokens())
     wanted = tokenizer_settings(d, corpus)
     if Tokenizer.found_in(directory):
         found = read_tokenizer_settings(directory)
@@ -432,14 +433,18 @@ def check_before_work(d: DataConfig, decoder_start: str, run_tokenizer: Path | N
         Tokenizer.load(Path(d.tokenizer)).decoder_start_id(decoder_start)
 
 
-def adopt_tokenizer(source: Path, directory: Path, resume: bool) -> Tokenizer:
+def adopt_tokenizer(
+    source: Path, directory: Path, resume: bool, added: list[str] | None = None
+) -> Tokenizer:
     """`data.tokenizer`: a copy of the tokenizer in `source` becomes the run's own, so the run
     directory is self-contained: a resumed run takes its own copy (the checkpoint's digest
-    checks it), wherever it is resumed from and whatever became of `source` since."""
+    checks it), wherever it is resumed from and whatever became of `source` since. `added`:
+    new language tokens the copy gets at its next ids (`data.new_languages`; `source` is
+    left as it is)."""
     if resume and Tokenizer.found_in(directory):
         return Tokenizer.load(directory)
     wanted = Tokenizer.load(source)
-    if Tokenizer.found_in(directory):
+    if Tokenizer.found_in(directory) and not added:
         have = Tokenizer.load(directory)
         if have.digest() == wanted.digest():
             return have
@@ -447,6 +452,7 @@ def adopt_tokenizer(source: Path, directory: Path, resume: bool) -> Tokenizer:
     directory.mkdir(parents=True)
     for path in wanted.model_paths():
         shutil.copyfile(path, directory / path.name)
+    add_tokens(directory, added or [])
     log.info("using the tokenizer of %s", source)
     return Tokenizer.load(directory)
 

@@ -49,7 +49,13 @@ from model.transformer import (
 # What a user names: W_q, W_k, W_v (rows of in_proj), W_o (out_proj); ffn: linear1 and linear2.
 LORA_TARGETS = ("q", "k", "v", "o", "ffn")
 # What `freeze_for_lora` leaves trainable beside the adapters, when named.
-TRAINABLE_GROUPS = ("norms", "output_bias", "embeddings", "positions")
+TRAINABLE_GROUPS = (
+    "norms",
+    "output_bias",
+    "embeddings",
+    "positions",
+    "embeddings_of_new_languages",
+)
 
 
 @dataclass
@@ -307,13 +313,19 @@ def _group_parameters(model: nn.Module, group: str) -> list[nn.Parameter]:
     return [table for table in tables if isinstance(table, nn.Parameter)]  # learned ones
 
 
-def freeze_for_lora(model: nn.Module, trainable: list[str]) -> list[str]:
+def freeze_for_lora(
+    model: nn.Module, trainable: list[str], new_rows: dict[str, int] | None = None
+) -> list[str]:
     """Set requires_grad False on every parameter but the adapters and the `trainable` groups.
 
     Args:
         trainable: names of `TRAINABLE_GROUPS`: "norms" (every LayerNorm's weight and bias),
             "output_bias" (the generator's bias, where the model has one), "embeddings" (the
-            token embeddings, tied ones once), "positions" (learned position tables).
+            token embeddings, tied ones once), "positions" (learned position tables),
+            "embeddings_of_new_languages" (the rows `new_rows` names, alone).
+        new_rows: {parameter name: its first row of a new language}: those parameters train,
+            a gradient hook zeroing every earlier row's gradient (Adam without weight decay
+            then leaves those rows exactly as they are: its moments stay zero).
 
     Returns:
         The names of the parameters left trainable, in `named_parameters()` order.
@@ -327,7 +339,26 @@ def freeze_for_lora(model: nn.Module, trainable: list[str]) -> list[str]:
     adapters = set(lora_parameters(model))
     keep = {id(p) for name, p in model.named_parameters() if name in adapters}
     for group in dict.fromkeys(trainable):
-        keep |= {id(p) for p in _group_parameters(model, group)}
+        if group != "embeddings_of_new_languages":
+            keep |= {id(p) for p in _group_parameters(model, group)}
+    if "embeddings_of_new_languages" in trainable:
+        keep |= _train_new_rows(model, new_rows or {})
     for p in model.parameters():
         p.requires_grad_(id(p) in keep)
     return [name for name, p in model.named_parameters() if p.requires_grad]
+
+
+def _train_new_rows(model: nn.Module, new_rows: dict[str, int]) -> set[int]:
+    """Hooks on the parameters `new_rows` names that keep only their new rows' gradient; the
+    ids of those parameters. A tied matrix (named twice) gets one hook."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    hooked: set[int] = set()
+    for name, first in new_rows.items():
+        p = params[name]
+        if id(p) in hooked:
+            continue
+        keep = torch.zeros(p.size(0), *([1] * (p.dim() - 1)), dtype=p.dtype, device=p.device)
+        keep[first:] = 1  # (V, 1) or (V,): the new rows' gradient, the others' zeroed
+        p.register_hook(lambda grad, keep=keep: grad * keep.to(grad.dtype))
+        hooked.add(id(p))
+    return hooked

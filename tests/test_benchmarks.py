@@ -245,6 +245,10 @@ def test_run_smoke_end_to_end(out, trained, capsys, monkeypatch):
         both = standin[precision]
         assert both["ratio"] > 0 and both["tf"]["peak_rss_gb"] > 0
         assert both["transformers"]["tokens_per_s"] > 0 and "CPU: " in printed
+    lora = bench["lora"]  # full, LoRA and peft's LoRA on the same batches
+    assert set(lora["loops"]) == {"tf, full", "tf, LoRA", "transformers + peft, LoRA"}
+    assert all(m["tokens_per_s"] > 0 and m["peak_rss_gb"] > 0 for m in lora["loops"].values())
+    assert 0 < lora["lora_over_full"]["checkpoint"] < 1 and lora["tf_over_peft"] > 0
 
 
 def check_corpus(results: dict) -> None:

@@ -40,8 +40,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_trainer(rank: int, world_size: int, port: int, prefix: str, run: str, *sets: str):
-    """This rank's process group and trainer, as `tf train` builds them under torchrun."""
+def join(rank: int, world_size: int, port: int) -> tuple[distributed.Dist, torch.device]:
+    """This rank's process group, from the variables torchrun would set."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -49,8 +49,13 @@ def rank_trainer(rank: int, world_size: int, port: int, prefix: str, run: str, *
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
     )
+    return distributed.init("cpu")
+
+
+def rank_trainer(rank: int, world_size: int, port: int, prefix: str, run: str, *sets: str):
+    """This rank's process group and trainer, as `tf train` builds them under torchrun."""
     config = load_config("tiny", [f"data.train={prefix}", f"data.dev={prefix}-dev", *COMMON, *sets])
-    dd, device = distributed.init("cpu")
+    dd, device = join(rank, world_size, port)
     if dd.main:
         start_run(config, Path(run), force=True)
     distributed.barrier(dd)

@@ -222,4 +222,6 @@ def test_frozen_matrices_held_in_bf16_give_the_same_numbers():
     assert layer.self_attn.in_proj_weight.dtype == torch.bfloat16
     assert layer.linear1.weight.dtype == torch.bfloat16  # frozen under its adapter
     assert layer.norm1.weight.dtype == torch.float32  # trained: norms
-    assert model.generator.weight.dtype == torch.float32  # the embeddings' matrix
+    # The output layer: a bf16 copy of its own, the embeddings' lookup float32 as before.
+    assert model.generator.weight.dtype == torch.bfloat16
+    assert model.tgt_embed.token.weight.dtype == torch.float32

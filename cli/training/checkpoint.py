@@ -156,6 +156,10 @@ def with_init(config: Config) -> Config:
     # check of tie_embeddings "all" needs; and it translates what the model translates.
     data = replace(config.data, tokenizer=str(tokenizer.directory), joint_vocab=tokenizer.joint)
     data = init_languages(data, with_directions(init.data, tokenizer.tags), path)
+    if data.new_languages:
+        from cli.training.new_languages import check_new_languages  # which imports this module
+
+        check_new_languages(data, tokenizer, path)
     check_keeps_tokenizer(data, tokenizer, path)
     decode = init_decode(config.decode, init.decode)
     merged = replace(config, model=replace(config.model, **shapes), data=data, decode=decode)
@@ -217,10 +221,12 @@ def init_languages(d: DataConfig, init: DataConfig, path: Path) -> DataConfig:
         d = replace(d, lang_token=init.lang_token, lang_token_side=init.lang_token_side)
     check_init_languages(d, init, path)
     recorded = [direction_of(*way) for way in init.translates()]
+    # A many-to-many model's new languages are its languages too: any into any.
+    new = [n.lang for n in d.new_languages] if init.languages else []
     return replace(
         d,
         directions=list(dict.fromkeys([*recorded, *d.directions])),
-        languages=list(dict.fromkeys([*init.languages, *d.languages])),
+        languages=list(dict.fromkeys([*init.languages, *d.languages, *new])),
     )
 
 
@@ -232,19 +238,20 @@ def check_init_languages(d: DataConfig, init: DataConfig, path: Path) -> None:
         ConfigError: naming the corpus, the language and the model's nearest ones.
     """
     reads = init.source_langs() if init.lang_token_side == "target" else None
+    new = [n.lang for n in d.new_languages]  # added to the model (`check_new_languages`)
     for i, c in enumerate(d.corpora()):
         src, tgt = d.direction(c)
         for lang, known, does in (
             (tgt, init.target_langs(), "translates into"),
             (src, reads, "reads"),
         ):
-            if known is not None and lang not in known:
+            if known is not None and lang not in known and lang not in new:
                 near = difflib.get_close_matches(lang, known, n=3, cutoff=0.0)
                 raise ConfigError(
                     f"{corpus_name(d, i)} ({c.corpus}) translates {src}->{tgt}: train.init "
                     f"{path} {does} {short(known)}, not {lang} (nearest: {', '.join(near)}); "
                     "fine-tuning keeps a model's languages (name the corpus's: src_lang, "
-                    "tgt_lang, reverse)"
+                    "tgt_lang, reverse), or adds one data.new_languages names"
                 )
 
 
@@ -269,7 +276,8 @@ def check_keeps_tokenizer(d: DataConfig, tokenizer: Tokenizer, path: Path) -> No
                 f"data.{key} {value!r}: train.init {path} brings its own tokenizer "
                 f"({tokenizer.directory}), which fine-tuning keeps; remove the setting"
             )
-    missing = [tag for tag in d.tags() if tag not in tokenizer.tags]
+    added = d.new_tokens()  # the run's copy gets them
+    missing = [tag for tag in d.tags() if tag not in tokenizer.tags and tag not in added]
     if missing:
         known = ", ".join(tokenizer.tags) or "none"
         raise ConfigError(

@@ -23,6 +23,8 @@ import torch
 
 from cli.config import Config
 from cli.training.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_atomic
+from cli.training.new_languages import first_new_rows
+from data.tokenizer_base import BaseTokenizer
 from model.attention import MultiheadAttention
 from model.lora import add_lora, freeze_for_lora, merge_lora
 
@@ -45,14 +47,19 @@ def file_sha256(path: Path) -> str:
 
 
 def write_base(
-    run_path: Path, init: Path, init_ckpt: dict[str, Any], weights: dict[str, torch.Tensor]
+    run_path: Path,
+    init: Path,
+    init_ckpt: dict[str, Any],
+    weights: dict[str, torch.Tensor],
+    link: bool = True,
 ) -> dict[str, str]:
     """RUN/base.pt: the weights the adapters start from (`weights`, the init's as loaded),
-    once. Returns the record each checkpoint keeps ({"file", "sha256"})."""
+    once. Returns the record each checkpoint keeps ({"file", "sha256"}). `link` False: the
+    weights are not the file's (new languages' rows), so they are written."""
     out = run_path / BASE
     tmp = out.with_name(f".{BASE}.tmp")
     tmp.unlink(missing_ok=True)
-    weights_alone = "optimizer" not in init_ckpt and "base" not in init_ckpt
+    weights_alone = link and "optimizer" not in init_ckpt and "base" not in init_ckpt
     try:
         if not weights_alone:
             raise OSError("the init holds more than weights")
@@ -83,13 +90,17 @@ def base_weights(ckpt: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(base, mmap=True)["model"]
 
 
-def adapt(model: torch.nn.Module, config: Config) -> list[str]:
+def adapt(
+    model: torch.nn.Module, config: Config, tokenizer: BaseTokenizer | None = None
+) -> list[str]:
     """Adapters on `model` (`train.lora`), everything else frozen but `train.trainable`'s
     groups; returns the names that train. The adapters' first values are drawn from a
-    generator of the run's seed: the global one's draws (dropout's) stay as without LoRA."""
+    generator of the run's seed: the global one's draws (dropout's) stay as without LoRA.
+    `tokenizer`: the run's, which says where new languages' rows start (`data.new_languages`)."""
     generator = torch.Generator().manual_seed(config.train.seed)
     add_lora(model, config.train.lora, generator)
-    return freeze_for_lora(model, config.train.trainable)
+    new_rows = first_new_rows(model, tokenizer, config.data) if tokenizer else None
+    return freeze_for_lora(model, config.train.trainable, new_rows)
 
 
 def hold_frozen(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
@@ -97,10 +108,14 @@ def hold_frozen(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
     in (bf16, fp16; None: as they are). Autocast casts them to it for every matmul anyway, so
     the numbers are the same, and a weight that never updates needs no float32 copy: half
     their memory, and no cast at each step. Norms, biases and embeddings (whose lookup
-    autocast leaves in float32) stay as they are, and so does the output layer (tied to them)."""
+    autocast leaves in float32) stay as they are. A frozen output layer tied to them gets a
+    copy of its own in `dtype` (untied: neither ever changes): its matmul over the whole
+    vocabulary casts no 256,206 x 1,024 matrix at each step either."""
     if dtype is None:
         return
     generator = getattr(model, "generator", None)
+    if generator is not None and not generator.weight.requires_grad:
+        generator.weight = torch.nn.Parameter(generator.weight.detach().to(dtype), False)
     for module in model.modules():
         if isinstance(module, MultiheadAttention):
             weight = module.in_proj_weight

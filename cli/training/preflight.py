@@ -23,6 +23,11 @@ def check_settings(config: Config, device: torch.device) -> None:
     """
     autocast_dtype(config.train.precision, device, "train.precision")
     autocast_dtype(config.decode.precision, device, "decode.precision")  # validation decodes
+    if config.train.shard and autocast_dtype(config.train.precision, device) == torch.float16:
+        raise InputError(  # `auto` on a GPU without bf16 (V100, T4)
+            "train.precision: fp16 on this device, whose loss scale is not sharded; use "
+            "train.precision=fp32 with train.shard"
+        )
     if config.train.compile:
         check_compiler(device)
 

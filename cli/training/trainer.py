@@ -30,7 +30,7 @@ from cli.device import autocast_dtype, configure_device, make_deterministic
 from cli.inference.decoding import translate_ids
 from cli.inference.requests import Guide
 from cli.inference.scoring import score
-from cli.training import distributed, lora
+from cli.training import distributed, lora, shard
 from cli.training.checkpoint import (
     FORMAT,
     CheckpointError,
@@ -43,6 +43,7 @@ from cli.training.checkpoint import (
 from cli.training.data import training_data
 from cli.training.ema import WeightAverage
 from cli.training.metrics import MetricsLog
+from cli.training.new_languages import grown_init
 from cli.training.optim import apply_settings, budget_used, build_optimizer
 from cli.training.prefetch import Fetched, Prefetcher, training_batches
 from cli.training.preflight import check_settings
@@ -161,8 +162,9 @@ class Trainer:
         if t.init and not resume:  # fine-tuning: start from that checkpoint's weights
             self.load_init_weights(t.init)
         # LoRA: adapters on the model, the rest frozen; the optimizer holds what trains.
-        self.trained = lora.adapt(self.model, config) if t.lora.rank else []
+        self.trained = lora.adapt(self.model, config, self.tokenizer) if t.lora.rank else []
         self.model.to(self.device)
+        shard.shard_model(self.model, t.shard, dd, device)  # before the optimizer: it holds them
         self.dtype = autocast_dtype(t.precision, self.device)
         if t.lora.rank and autocast_dtype(config.decode.precision, self.device) == self.dtype:
             lora.hold_frozen(self.model, self.dtype)  # validation decodes in it too
@@ -201,20 +203,24 @@ class Trainer:
         run's tokenizer (`with_init` chose it; this is where weights and vocabulary meet)."""
         path = resolve_checkpoint(init)[0]
         ckpt = load_checkpoint(path, mmap=True)  # copied into the model: never held twice
-        if ckpt.get("tokenizer_digest") not in (None, self.tokenizer.digest()):
+        new = bool(self.config.data.new_languages)
+        if new:  # its rows and one more per new language (data.new_languages)
+            ckpt = grown_init(ckpt, path, self.config, self.tokenizer)
+        elif ckpt.get("tokenizer_digest") not in (None, self.tokenizer.digest()):
             raise CheckpointError(
                 f"{path}: was trained with another tokenizer than {self.run.tokenizer}"
             )
         load_weights(self.model, ckpt, path)
         if self.config.train.lora.rank and self.dist.main:  # the adapters' base, kept once
-            self.base = lora.write_base(self.run.path, path, ckpt, self.model.state_dict())
+            weights = self.model.state_dict()
+            self.base = lora.write_base(self.run.path, path, ckpt, weights, link=not new)
         if self.config.train.lora.rank:
             self.base = distributed.broadcast_object(self.dist, self.base)
 
     def training_module(self) -> torch.nn.Module:
         """What the updates run: the model, under DDP when distributed, compiled if asked."""
         net: torch.nn.Module = self.model
-        if self.dist.active:
+        if self.dist.active and not shard.is_sharded(self.model):
             # The only buffers are the constant positional tables: nothing to broadcast each step.
             # Gradients as views of DDP's buckets save a gradient-sized copy.
             net = DistributedDataParallel(
@@ -253,13 +259,13 @@ class Trainer:
         weights = (
             lora.trained_state(self.model, self.trained)
             if self.base
-            else self.model_of_record.state_dict()
+            else shard.model_state(self.model_of_record)
         )
         return {
             "format": FORMAT,
             "model": weights,
             **trained,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": shard.optimizer_state(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "step": p.step,
@@ -280,7 +286,7 @@ class Trainer:
         last.pt comes first, so a step_N.pt on disk means last.pt is at least as new."""
         # Every rank checks (DDP keeps the weights equal) and all stop together if one must.
         finite = all(
-            torch.isfinite(v).all()
+            torch.isfinite(shard.local(v)).all()
             for v in self.model.state_dict().values()
             if v.is_floating_point()
         )
@@ -323,10 +329,10 @@ class Trainer:
             lora.load_adapted(self.model, ckpt, path)
             self.base = ckpt["base"]
         else:
-            self.model.load_state_dict(ckpt.get("train_model", ckpt["model"]))
+            shard.load_model_state(self.model, ckpt.get("train_model", ckpt["model"]))
         if self.average:  # a run without one starts its average from the trained weights
             self.average.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        shard.load_optimizer_state(self.model, self.optimizer, ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.progress = Progress(**ckpt["progress"])  # the budget schedules read it
         self.clock = self.progress.elapsed
@@ -450,7 +456,8 @@ class Trainer:
         self.net.train()
         for i, batch in enumerate(batches):
             sync = i == len(batches) - 1  # all-reduce only on the last micro-batch
-            with nullcontext() if sync or not self.dist.active else self.net.no_sync():
+            keep = self.dist.active and not sync  # gradients kept here: DDP's or FSDP's no_sync
+            with shard.no_sync(self.net, self.model) if keep else nullcontext():
                 loss, nll = self.loss_of(batch)
                 self.scaler.scale(loss / self.loss_divisor).backward()
             sums += torch.stack([loss.detach(), nll.detach()])
@@ -476,7 +483,7 @@ class Trainer:
         stats = distributed.sum_with_counts(self.dist, sums, counts)  # (5,) on the device
         self.scaler.unscale_(self.optimizer)  # fp16 only; records inf gradients for update()
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm(grads)  # the same on every rank after DDP
+        grad_norm = shard.replicated(torch.nn.utils.get_total_norm(grads))  # the same on all ranks
         loss_sum, nll_sum, tokens, stops, self.clock, raw_norm = torch.cat(
             [stats, grad_norm[None].to(stats)]
         ).tolist()
@@ -522,7 +529,7 @@ class Trainer:
             return
         weight = self.model.tgt_embed.token.weight
         if weight.grad is not None:
-            weight.grad[self.model.pad_id].zero_()
+            shard.zero_row(weight.grad, self.model.pad_id)
 
     # -- validation
 
@@ -531,12 +538,16 @@ class Trainer:
         """The weights validated and saved as "model": the average if there is one."""
         return self.average.model if self.average else self.model
 
+    def plain_model(self) -> torch.nn.Module:
+        """A new model of this run's shape (`shard.full_copy` fills it for validation)."""
+        return build_model(self.config, self.tokenizer)
+
     @torch.no_grad()
-    def validate(self) -> dict[str, float]:
+    def validate(self, model: torch.nn.Module | None = None) -> dict[str, float]:
         """Dev loss/perplexity over the dev sets, BLEU/chrF of greedy decoding of a subset of
-        each direction's, of the model of record; the watched directions' apart (their loss and
-        mean as watched_*: `direction_scores`)."""
-        model = self.model_of_record
+        each direction's, of `model` (default: the model of record); the watched directions'
+        apart (their loss and mean as watched_*: `direction_scores`)."""
+        model = model or self.model_of_record
         model.eval()
         per_set = {}
         for dev in self.data.dev_sets:
@@ -709,8 +720,10 @@ class Trainer:
         """Validate on the main rank, log it, save last.pt (and best.pt, step_N.pt)."""
         p, t = self.progress, self.config.train
         best = False
+        # Sharded: every rank gathers the weights into rank 0's plain copy, which decodes.
+        full = shard.full_copy(self.model, self.plain_model)
         if self.dist.main:  # the others wait in the next collective; early stopping reaches
-            metrics = self.validate()  # them with the stop flag of the next update
+            metrics = self.validate(full)  # them with the stop flag of the next update
             best = self.record_validation(metrics)
             record = {"step": p.step, "epoch": round(self.epochs_done(), 3), **metrics}
             if self.metrics is not None:

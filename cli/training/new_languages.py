@@ -1,0 +1,143 @@
+"""Languages a pretrained model lacks, added by fine-tuning (`data.new_languages` with
+`tf train --init`): the token of each joins the run's copy of the tokenizer at the next id
+(`data.added_tokens`), and the embeddings (the output layer's too, tied or not) grow by one row
+each, started from a named language's row or the mean of the model's language rows. Every id
+there was keeps its id and its row, bit for bit.
+
+The new ids follow the tokenizer's last id, not the rows a model's config may count past it
+(NLLB-200's 2 spare rows of 256,206): `tf import` left those out, so the embeddings have one
+row per id, and the exports' `vocab_size` is the tokenizer's size again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from cli.config import Config, ConfigError
+from cli.training.checkpoint import CheckpointError, build_model, load_weights
+from data.added_tokens import check_addable
+from data.config import DataConfig, corpus_name, lang_token
+from data.errors import InputError
+from data.tokenizer import Tokenizer
+from data.tokenizer_base import BaseTokenizer
+
+# The weights with a row per id: the source side's, the target side's.
+SRC_ROWS = ("src_embed.token.weight",)
+TGT_ROWS = ("tgt_embed.token.weight", "generator.weight", "generator.bias")
+
+
+def check_new_languages(d: DataConfig, tokenizer: BaseTokenizer, path: Path) -> None:
+    """Each new language is new, trained, and starts from a row the model has.
+
+    Args:
+        d: the run's data section, with `train.init`'s languages recorded (`init_languages`).
+        tokenizer: the init's tokenizer; path: the init's checkpoint (named in messages).
+
+    Raises:
+        ConfigError: a token the tokenizer has already, a language no training corpus reads
+            or writes, a row to copy that is no language of the model, a language twice.
+    """
+    langs = [n.lang for n in d.new_languages]
+    trained = {lang for c in d.corpora() for lang in d.direction(c)}
+    known = row_ids(d, tokenizer)
+    for i, n in enumerate(d.new_languages):
+        where = f"data.new_languages[{i}]"
+        if langs.count(n.lang) > 1:
+            raise ConfigError(f"{where}: {n.lang} is listed twice")
+        if n.lang not in trained:
+            names = ", ".join(corpus_name(d, j) for j in range(len(d.corpora())))
+            raise ConfigError(
+                f"{where}: no training corpus reads or writes {n.lang} ({names}): a new "
+                "language's row learns from its corpora"
+            )
+        if n.init != "mean" and n.init not in known:
+            raise ConfigError(
+                f"{where}.init {n.init!r}: not a language of train.init {path} (its row would "
+                f"start the new one's): name one of {', '.join(list(known)[:12])}..., or mean"
+            )
+    try:
+        check_addable(tokenizer, d.new_tokens())
+    except InputError as e:
+        raise ConfigError(str(e)) from None
+
+
+def row_ids(d: DataConfig, tokenizer: BaseTokenizer) -> dict[str, int]:
+    """{language: the id of its token} of the model's languages that have a token (the
+    tokenizer's tags in the run's form), the new ones left out."""
+    new = {n.lang for n in d.new_languages}
+    langs = [*d.target_langs(), *d.source_langs()]
+    tokens = {lang: lang_token(d.lang_token, lang) for lang in langs if lang not in new}
+    return {lang: tokenizer.tags[t] for lang, t in tokens.items() if t in tokenizer.tags}
+
+
+def starting_rows(d: DataConfig, tokenizer: BaseTokenizer) -> list[list[int]]:
+    """For each new language, the ids of the init's rows whose mean starts its row (one id for
+    a named language; every language token's for "mean")."""
+    known = row_ids(d, tokenizer)
+    if not known and any(n.init == "mean" for n in d.new_languages):
+        raise ConfigError(
+            f"data.new_languages: {tokenizer.directory} has no language tokens to take the "
+            "mean of: name a row to copy (init)"
+        )
+    return [
+        sorted(known.values()) if n.init == "mean" else [known[n.init]] for n in d.new_languages
+    ]
+
+
+def grow_rows(weights: dict[str, Tensor], rows: list[list[int]], sides: dict[str, int]) -> dict:
+    """`weights` (a state dict) with one row per new language after the rows of each weight
+    of `SRC_ROWS` and `TGT_ROWS` that has `sides[side]` rows less than wanted, each the mean
+    of its rows `rows[i]`; every other tensor as it is (no copy).
+
+    Args:
+        sides: {"src": rows the model's source side wants, "tgt": the target side's}.
+    """
+    grown = dict(weights)
+    for side, names in (("src", SRC_ROWS), ("tgt", TGT_ROWS)):
+        for name in names:
+            old = weights.get(name)
+            if old is None or old.size(0) == sides[side]:
+                continue  # absent (no output bias), or a side the new tokens do not reach
+            extra = torch.stack([old[ids].float().mean(0).to(old.dtype) for ids in rows])
+            grown[name] = torch.cat([old, extra])  # (V + k, ...)
+    return grown
+
+
+def grown_init(
+    ckpt: dict[str, Any], path: Path, config: Config, tokenizer: BaseTokenizer
+) -> dict[str, Any]:
+    """Checkpoint `path`'s dict with its weights (an adapted one's merged) grown to the run's
+    `tokenizer`: the init's tokenizer (`data.tokenizer`, which `with_init` set) and the new
+    languages' tokens after it.
+
+    Raises:
+        CheckpointError: the checkpoint was trained with another tokenizer than the init's.
+    """
+    init_tokenizer = Tokenizer.load(config.data.tokenizer)
+    if ckpt.get("tokenizer_digest") not in (None, init_tokenizer.digest()):
+        raise CheckpointError(
+            f"{path}: was trained with another tokenizer than {init_tokenizer.directory}"
+        )
+    weights = ckpt["model"]
+    if "base" in ckpt:  # a LoRA run's: base and adapters merged, in a model of its own shape
+        model = build_model(config, init_tokenizer)
+        load_weights(model, ckpt, path)
+        weights = model.state_dict()
+    rows = starting_rows(config.data, init_tokenizer)
+    sizes = {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size}
+    plain = {k: v for k, v in ckpt.items() if k != "base"}
+    return plain | {"model": grow_rows(weights, rows, sizes)}
+
+
+def first_new_rows(model: torch.nn.Module, tokenizer: BaseTokenizer, d: DataConfig) -> dict:
+    """{parameter name: its first new row} of the weights the new languages grew (LoRA's
+    `embeddings_of_new_languages` trains those rows alone): the source side's, and the target
+    side's where it is the same vocabulary (a language token is a source piece)."""
+    k = len(d.new_languages)
+    names = [*SRC_ROWS, *(TGT_ROWS if tokenizer.joint else ())]
+    params = dict(model.named_parameters(remove_duplicate=False))
+    return {name: params[name].size(0) - k for name in names if k and name in params}

@@ -1,0 +1,304 @@
+"""A language a pretrained model lacks, added by fine-tuning (`data.new_languages`, issue 58):
+the NLLB-200 stand-in (`benchmarks.fairseq_standin`, as tests/test_many_end_to_end.py builds
+it) tuned on spa_Latn -> xyz_Latn (the fixture's English side relabelled) gets xyz_Latn at the
+next id, every old id and row unchanged, and its exports carry it; a tf multilingual run gets a
+new `<2xx>` token; LoRA trains the new rows alone; bad settings are one line, nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_cli import assert_user_error, tf
+from test_import import quiet_transformers
+
+from benchmarks.fairseq_standin import make_model_standin, nllb_tokenizer, train_spm
+from benchmarks.marian_standin import bundled_lines
+from cli.training.checkpoint import load_checkpoint
+from data.tokenizer import Tokenizer
+
+transformers = pytest.importorskip("transformers")
+SPA, XYZ, FRA = "spa_Latn", "xyz_Latn", "fra_Latn"
+FP32 = ("--set", "decode.precision=fp32")
+EMBEDDINGS = ("src_embed.token.weight", "tgt_embed.token.weight", "generator.weight")
+
+
+@pytest.fixture(scope="module")
+def nllb_run(tmp_path_factory) -> Path:
+    """The NLLB-200 stand-in, imported."""
+    quiet_transformers()
+    root = tmp_path_factory.mktemp("nllb")
+    src, tgt = bundled_lines(1000)
+    tokenizer = nllb_tokenizer(root / "tokenizer", train_spm(src + tgt, root / "spm", 400, "bpe"))
+    result = tf(
+        "import", make_model_standin(root / "standin", "nllb", tokenizer), "-o", root / "run"
+    )
+    assert result.exit_code == 0, result.output
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory, tiny_prefix: str) -> Path:
+    """The fixture's pairs as spa_Latn -> xyz_Latn: train and dev."""
+    root = tmp_path_factory.mktemp("xyz")
+    for split, source in (("train", tiny_prefix), ("dev", f"{tiny_prefix}-dev")):
+        shutil.copyfile(f"{source}.es", root / f"{split}.{SPA}")
+        shutil.copyfile(f"{source}.en", root / f"{split}.{XYZ}")
+    return root
+
+
+def settings(corpora: Path, new: str = f"[{{lang: {XYZ}, init: {FRA}}}]", steps: int = 0) -> list:
+    one = f'corpus: "{corpora}/{{}}", src_lang: {SPA}, tgt_lang: {XYZ}'
+    rules = [
+        f"data.train=[{{{one.format('train')}}}]",
+        f"data.dev=[{{{one.format('dev')}}}]",
+        f"data.new_languages={new}",
+        f"train.max_steps={steps}",
+        "train.max_tokens=512",
+        "train.eval_bleu_sentences=4",
+        "train.precision=fp32",
+        "train.deterministic=true",
+        "decode.max_len_a=0",
+        "decode.max_len_b=8",
+    ]
+    return [x for rule in rules for x in ("--set", rule)]
+
+
+@pytest.fixture(scope="module")
+def tuned(nllb_run, corpora, tmp_path_factory) -> Path:
+    """The stand-in with xyz_Latn added (its row fra_Latn's), fine-tuned for one update."""
+    out = tmp_path_factory.mktemp("tuned") / "run"
+    result = tf("train", "finetune", "--init", nllb_run, "--out", out, *settings(corpora, steps=1))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapted(nllb_run, corpora, tmp_path_factory) -> Path:
+    """The same with LoRA, its embeddings frozen: RUN/base.pt holds the weights it started
+    from, as loaded (step 0)."""
+    out = tmp_path_factory.mktemp("adapted") / "run"
+    lora = ("--set", "train.lora.rank=2", "--set", "train.weight_decay=0")
+    result = tf("train", "finetune", "--init", nllb_run, "--out", out,
+                *settings(corpora, steps=1), *lora)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_the_new_code_takes_the_next_id_and_every_old_id_stays(nllb_run, tuned):
+    before, after = Tokenizer.load(nllb_run / "tokenizer"), Tokenizer.load(tuned / "tokenizer")
+    assert XYZ not in before.languages  # the init's files untouched
+    assert after.language_id(XYZ) == before.src_vocab_size == after.src_vocab_size - 1
+    assert after.src_vocabulary()[: before.src_vocab_size] == before.src_vocabulary()
+    lines, _ = bundled_lines(1000)
+    assert after.encode_src([f"{SPA} {line}" for line in lines]) == before.encode_src(
+        [f"{SPA} {line}" for line in lines]
+    )
+    assert after.encode_src([f"{XYZ} Hola"])[0][0] == before.src_vocab_size
+
+
+def test_old_rows_are_the_inits_and_the_new_row_is_the_named_ones(nllb_run, tuned, adapted):
+    init = load_checkpoint(nllb_run / "checkpoints" / "last.pt")["model"]
+    start = load_checkpoint(adapted / "base.pt")["model"]  # the weights as loaded, step 0
+    fra = Tokenizer.load(nllb_run / "tokenizer").language_id(FRA)
+    for name in EMBEDDINGS:
+        old, new = init[name], start[name]
+        assert new.shape[0] == old.shape[0] + 1
+        assert torch.equal(new[: old.shape[0]], old), name
+        assert torch.equal(new[-1], old[fra]), name
+    run = load_checkpoint(tuned / "checkpoints" / "last.pt")
+    assert (
+        run["step"] == 1
+        and run["model"]["generator.weight"].shape == start["generator.weight"].shape
+    )
+    languages = run["config"]["data"]["languages"]
+    assert XYZ in languages and len(languages) == 203
+
+
+def test_the_new_language_translates_and_exports(tuned, tmp_path):
+    """tf translate --to xyz_Latn; the Hugging Face export's tokenizer and generate(forced_bos)
+    give the same; CTranslate2's vocabulary is the embeddings' size, and it translates alike."""
+    lines = [line for line in bundled_lines(40)[0] if len(line) < 100][:8]
+    text = "\n".join(lines) + "\n"
+    # (the run's length rule is one limit, decode.max_len_a 0: the export's max_length)
+    ours = tf("translate", tuned, "--from", SPA, "--to", XYZ, "--greedy", *FP32, input=text)
+    assert ours.exit_code == 0, ours.output
+    hf = tmp_path / "hf"
+    assert tf("export", tuned, "--to", "huggingface", "-o", hf).exit_code == 0
+    tokenizer = transformers.AutoTokenizer.from_pretrained(hf, src_lang=SPA)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf).eval()
+    code = tokenizer.convert_tokens_to_ids(XYZ)
+    assert code == Tokenizer.load(tuned / "tokenizer").language_id(XYZ)
+    assert model.config.vocab_size == len(tokenizer) == code + 1
+    reads = transformers.AutoTokenizer.from_pretrained(hf, src_lang=XYZ)  # a source in it
+    assert reads("Hola").input_ids[0] == code
+    assert len(set(ours.stdout.splitlines())) > 2  # outputs that depend on their sources
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**batch, forced_bos_token_id=code, num_beams=1, do_sample=False)
+    assert tokenizer.batch_decode(out, skip_special_tokens=True) == ours.stdout.splitlines()
+    ct2 = tmp_path / "ct2"
+    assert tf("export", tuned, "--to", "ctranslate2", "-o", ct2).exit_code == 0
+    vocabulary = json.loads((ct2 / "shared_vocabulary.json").read_text())
+    assert len(vocabulary) == code + 1 and vocabulary[code] == XYZ
+    engine = tf("translate", ct2, "--from", SPA, "--to", XYZ, "--greedy", input=text)
+    assert engine.exit_code == 0, engine.output
+    assert engine.stdout == ours.stdout  # CTranslate2, the code as its target prefix
+
+
+def test_lora_trains_the_new_rows_alone(nllb_run, corpora, tmp_path):
+    out = tmp_path / "lora"
+    result = tf("train", "finetune", "--init", nllb_run, "--out", out,
+                *settings(corpora, f"[{{lang: {XYZ}}}]", steps=2),
+                "--set", "train.lora.rank=2", "--set", "train.weight_decay=0",
+                "--set", "train.trainable=[embeddings_of_new_languages]")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    init = load_checkpoint(nllb_run / "checkpoints" / "last.pt")["model"]
+    run = load_checkpoint(out / "checkpoints" / "last.pt")
+    assert run["step"] == 2
+    tok = Tokenizer.load(nllb_run / "tokenizer")
+    codes = torch.tensor(sorted(tok.tags.values()))
+    assert "src_embed.token.weight" in run["model"]  # (tied: one matrix, saved once)
+    for name in set(EMBEDDINGS) & set(run["model"]):
+        old, new = init[name], run["model"][name]
+        assert torch.equal(new[:-1], old), name  # frozen, bit for bit
+    mean = init["src_embed.token.weight"][codes].mean(0)
+    assert not torch.equal(run["model"]["src_embed.token.weight"][-1], mean)  # it trained
+
+
+@pytest.mark.parametrize(
+    "new, fragments",
+    [
+        (f"[{{lang: {XYZ}, init: xyz_Cyrl}}]", ["data.new_languages[0].init", "xyz_Cyrl"]),
+        (
+            f"[{{lang: {XYZ}}}, {{lang: zzz_Latn}}]",
+            ["data.new_languages[1]", "no training corpus", "zzz_Latn"],
+        ),
+    ],
+)
+def test_bad_new_languages_are_one_line_and_write_nothing(
+    nllb_run, corpora, tmp_path, new, fragments
+):
+    out = tmp_path / "out"
+    assert_user_error(
+        tf("train", "finetune", "--init", nllb_run, "--out", out, *settings(corpora, new)),
+        *fragments,
+    )
+    assert not out.exists()
+
+
+def test_a_code_that_is_a_piece_already_is_refused(nllb_run, corpora, tmp_path):
+    """A language the model has (spa_Latn) or any other piece of its tokenizer."""
+    out = tmp_path / "out"
+    new = f"[{{lang: {XYZ}}}, {{lang: {SPA}}}]"
+    assert_user_error(
+        tf("train", "finetune", "--init", nllb_run, "--out", out, *settings(corpora, new)),
+        SPA,
+        "a piece of the tokenizer already",
+    )
+    assert not out.exists()
+
+
+def test_a_tf_multilingual_run_gets_a_new_source_token(tiny_prefix, tmp_path):
+    """An es<->en run of `<2en>`/`<2es>` tokens tuned on es->xyz: `<2xyz>` at the next id of
+    its SentencePiece model, its row `<2en>`'s, and `--to xyz` translates."""
+    one = f'corpus: "{tiny_prefix}"'
+    both = f"[{{{one}}}, {{{one}, reverse: true}}]"
+    base = tmp_path / "base"
+    trained = tf("train", "tiny", "--out", base, "--set", f"data.train={both}",
+                 "--set", f"data.dev={tiny_prefix}-dev", "--set", "train.max_steps=1")  # fmt: skip
+    assert trained.exit_code == 0, trained.output
+    for split, source in (("train", tiny_prefix), ("dev", f"{tiny_prefix}-dev")):
+        shutil.copyfile(f"{source}.es", tmp_path / f"{split}.es")
+        shutil.copyfile(f"{source}.en", tmp_path / f"{split}.xyz")
+    out = tmp_path / "xyz"
+    rules = [
+        f'data.train=[{{corpus: "{tmp_path}/train", src_lang: es, tgt_lang: xyz}}]',
+        f'data.dev=[{{corpus: "{tmp_path}/dev", src_lang: es, tgt_lang: xyz}}]',
+        "data.new_languages=[{lang: xyz, init: en}]",
+        "train.max_steps=1",
+        "train.lora.rank=2",
+        "train.weight_decay=0",
+    ]
+    tuned = tf(
+        "train", "tiny", "--init", base, "--out", out, *[x for r in rules for x in ("--set", r)]
+    )
+    assert tuned.exit_code == 0, tuned.output
+    before, after = Tokenizer.load(base / "tokenizer"), Tokenizer.load(out / "tokenizer")
+    assert after.tags["<2xyz>"] == before.src_vocab_size == after.src_vocab_size - 1
+    assert after.src_vocabulary()[:-1] == before.src_vocabulary()
+    lines = Path(f"{tiny_prefix}.es").read_text(encoding="utf-8").splitlines()
+    assert after.encode_src(lines) == before.encode_src(lines)
+    init = load_checkpoint(base / "checkpoints" / "last.pt")["model"]
+    start = load_checkpoint(out / "base.pt")["model"]
+    for name in ("src_embed.token.weight", "generator.weight"):
+        assert torch.equal(start[name][:-1], init[name])
+        assert torch.equal(start[name][-1], init[name][before.tags["<2en>"]])
+    result = tf("translate", out, "--to", "xyz", "--greedy", input="Y dijo Dios.\n")
+    assert result.exit_code == 0, result.output
+    again = tf("train", "--resume", out, "--set", "train.max_steps=2", "--allow-config-change")
+    assert again.exit_code == 0, again.output  # its own tokenizer, grown once
+    assert Tokenizer.load(out / "tokenizer").src_vocab_size == after.src_vocab_size
+
+
+def test_an_opus_mt_import_gets_a_new_target_token(tiny_prefix, tmp_path):
+    """An OPUS-MT-style import into fra and spa (`>>fra<<`, `>>spa<<`) tuned on es->xyz:
+    `>>xyz<<` at the next id of its vocab.json, its row `>>fra<<`'s; `--to xyz` translates."""
+    from test_import import small_standin
+
+    standin = small_standin(tmp_path, tiny_prefix, language_tokens=(">>fra<<", ">>spa<<"))
+    assert tf("import", standin, "-o", tmp_path / "run").exit_code == 0
+    for split, source in (("train", tiny_prefix), ("dev", f"{tiny_prefix}-dev")):
+        shutil.copyfile(f"{source}.es", tmp_path / f"{split}.es")
+        shutil.copyfile(f"{source}.en", tmp_path / f"{split}.xyz")
+    rules = [
+        f'data.train=[{{corpus: "{tmp_path}/train", src_lang: es, tgt_lang: xyz}}]',
+        f'data.dev=[{{corpus: "{tmp_path}/dev", src_lang: es, tgt_lang: xyz}}]',
+        "data.new_languages=[{lang: xyz, init: fra}]",
+        "train.max_steps=1",
+        "train.max_tokens=512",
+        "train.lora.rank=2",
+        "train.weight_decay=0",
+    ]
+    out = tmp_path / "xyz"
+    tuned = tf("train", "finetune", "--init", tmp_path / "run", "--out", out,
+               *[x for r in rules for x in ("--set", r)])  # fmt: skip
+    assert tuned.exit_code == 0, tuned.output
+    before, after = (
+        Tokenizer.load(tmp_path / "run" / "tokenizer"),
+        Tokenizer.load(out / "tokenizer"),
+    )
+    assert after.tags[">>xyz<<"] == before.src_vocab_size == after.src_vocab_size - 1
+    assert after.src_vocabulary()[:-1] == before.src_vocabulary()
+    init = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["model"]
+    start = load_checkpoint(out / "base.pt")["model"]
+    fra = before.tags[">>fra<<"]
+    for name in ("src_embed.token.weight", "generator.weight", "generator.bias"):
+        assert torch.equal(start[name][:-1], init[name]), name
+        assert torch.equal(start[name][-1], init[name][fra]), name
+    result = tf("translate", out, "--to", "xyz", "--greedy", input="Y dijo Dios.\n")
+    assert result.exit_code == 0, result.output
+
+
+def test_tokenizers_that_cannot_grow_are_refused_in_one_line(nllb_run, tmp_path):
+    """M2M100's codes come from transformers' fixed list; an NLLB-200 tokenizer without
+    tokenizer.json numbers <mask> after its codes: a new code would move it."""
+    from benchmarks.fairseq_standin import m2m100_tokenizer
+    from data.added_tokens import check_addable
+    from data.errors import InputError
+
+    spm_path = nllb_run.parent / "spm" / "sentencepiece.bpe.model"
+    lines, _ = bundled_lines(200)
+    m2m100 = Tokenizer.load(m2m100_tokenizer(tmp_path / "m2m100", spm_path, lines))
+    with pytest.raises(InputError, match="M2M100's tokenizer takes its codes") as e:
+        check_addable(m2m100, ["__xyz__"])
+    assert "\n" not in str(e.value)
+    bare = tmp_path / "bare"
+    shutil.copytree(nllb_run / "tokenizer", bare)
+    (bare / "tokenizer.json").unlink()
+    with pytest.raises(InputError, match="tokenizer.json: missing"):
+        check_addable(Tokenizer.load(bare), [XYZ])
