@@ -225,3 +225,18 @@ def test_frozen_matrices_held_in_bf16_give_the_same_numbers():
     # The output layer: a bf16 copy of its own, the embeddings' lookup float32 as before.
     assert model.generator.weight.dtype == torch.bfloat16
     assert model.tgt_embed.token.weight.dtype == torch.float32
+
+
+def test_an_unchanged_base_is_not_hashed_again_and_a_copied_one_is(adapted, tmp_path, monkeypatch):
+    """Its size, inode and change time as recorded: loading skips hashing gigabytes. A copy
+    (another inode) is hashed, and loads when the bytes are the same."""
+    from cli.training import lora
+
+    hashed = []
+    real = lora.file_sha256
+    monkeypatch.setattr(lora, "file_sha256", lambda path: hashed.append(path) or real(path))
+    load_for_inference(adapted, CPU)
+    assert hashed == []
+    copy = shutil.copytree(adapted, tmp_path / "copy")
+    load_for_inference(copy, CPU)
+    assert hashed == [copy / "base.pt"]

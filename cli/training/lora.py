@@ -38,6 +38,13 @@ def base_path(checkpoint: Path) -> Path:
     return (parent.parent if parent.name == "checkpoints" else parent) / BASE
 
 
+def file_stat(path: Path) -> list[int]:
+    """What changes whenever the file does (its inode's change time moves on any write, and
+    cannot be set back): a match spares hashing gigabytes at every load."""
+    st = path.stat()
+    return [st.st_size, st.st_ino, st.st_ctime_ns]
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -54,7 +61,7 @@ def write_base(
     link: bool = True,
 ) -> dict[str, str]:
     """RUN/base.pt: the weights the adapters start from (`weights`, the init's as loaded),
-    once. Returns the record each checkpoint keeps ({"file", "sha256"}). `link` False: the
+    once. Returns the record each checkpoint keeps ({"file", "sha256", "stat"}). `link` False: the
     weights are not the file's (new languages' rows), so they are written."""
     out = run_path / BASE
     tmp = out.with_name(f".{BASE}.tmp")
@@ -67,7 +74,7 @@ def write_base(
     except OSError:
         save_atomic({"format": FORMAT, "model": weights}, tmp)
     os.replace(tmp, out)
-    return {"file": BASE, "sha256": file_sha256(out)}
+    return {"file": BASE, "sha256": file_sha256(out), "stat": file_stat(out)}
 
 
 def base_weights(ckpt: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:
@@ -82,7 +89,8 @@ def base_weights(ckpt: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:
             f"{base}: missing, the base weights of {path} (a LoRA checkpoint holds only its "
             "adapters); restore the run's base.pt"
         )
-    if file_sha256(base) != record["sha256"]:
+    unchanged = record.get("stat") == file_stat(base)  # else (a copied run, say): hash it
+    if not unchanged and file_sha256(base) != record["sha256"]:
         raise CheckpointError(
             f"{base}: changed since {path} was written (its sha256 is not the one recorded): "
             "the adapters were trained on other weights"
