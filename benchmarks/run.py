@@ -70,7 +70,8 @@ class Size:
     scaling_batches: int  # ... how many of them ...
     per_bucket: int  # ... and sentences decoded per source-length bucket
     serve_sentences: int  # serve: test.es sentences sent to `tf serve` ...
-    serve_clients: tuple[int, ...]  # ... by this many concurrent clients, in turn
+    serve_clients: tuple[int, ...]  # ... by this many concurrent clients, in turn ...
+    serve_precisions: tuple[str, ...]  # ... in each (bf16 where native), tf and its CT2 export
     memory_config: str  # memory: `tf train` of this config, RSS sampled, for ...
     memory_updates: int  # ... updates at each pad_multiple ...
     memory_lines: int  # ... then `tf translate` of this many lines (the test set repeated)
@@ -103,7 +104,8 @@ FULL = Size(
     scaling_batches=3,
     per_bucket=40,
     serve_sentences=300,
-    serve_clients=(1, 8, 32),
+    serve_clients=(1, 8, 32, 64),
+    serve_precisions=("fp32", "bf16"),
     memory_config="demo",
     memory_updates=1000,
     memory_lines=10_000,
@@ -123,7 +125,7 @@ FULL = Size(
         "decode": 360,
         "engines": 720,  # five engines, two searches, twice: 20,000 translations
         "scaling": 150,
-        "serve": 120,
+        "serve": 420,  # reckoned from 120 s for fp32 at 1, 8, 32: two precisions, 64, CT2
         "memory": 660,  # two 1,000-update `demo` runs (about 4 minutes each) and 10,000 lines
         "corpus": 2400,  # 1M pairs: 6 min; 10M: half an hour (3 starts each)
         "finetune": 1200,  # OPUS-MT-sized: 10 minutes; NLLB-shaped (256,206 rows): 9
@@ -174,7 +176,7 @@ QUICK = replace(
         "decode": 95,  # training `demo` for 400 updates included
         "engines": 20,
         "scaling": 5,
-        "serve": 80,
+        "serve": 200,  # reckoned as the full size's
         "memory": 160,
         "corpus": 25,
         "finetune": 50,
@@ -211,6 +213,7 @@ SMOKE = Size(
     per_bucket=2,
     serve_sentences=8,
     serve_clients=(1, 4),
+    serve_precisions=("fp32",),  # bf16 runs the same code: a server (or two) less to start
     memory_config="tiny",
     memory_updates=12,
     memory_lines=40,
@@ -227,7 +230,7 @@ SMOKE = Size(
         "decode": 3,  # training `tiny` included
         "engines": 1,
         "scaling": 1,
-        "serve": 8,
+        "serve": 25,  # the export, two servers and the CT2 precision check starting
         "memory": 25,  # two `tf train` and a `tf translate` process
         "corpus": 40,  # three `tf train` launches, one of 2 ranks
         "finetune": 40,  # a tiny stand-in made and imported, two loops in processes
@@ -381,9 +384,14 @@ def scaling_section(size: Size, out: Path) -> dict:
 
 
 def serve_section(size: Size, out: Path) -> dict:
-    print(f"\n== `tf serve` on loopback, {size.serve_clients} clients, vs `tf translate`")
+    print(
+        f"\n== `tf serve` on loopback, {size.serve_clients} clients, "
+        f"{'/'.join(size.serve_precisions)}, its CTranslate2 export too, vs `tf translate`"
+    )
     sentences = decode_bench.source_sentences(size.serve_sentences)
-    r = serve_bench.run(trained_run(size, out), sentences, size.serve_clients)
+    run_dir = trained_run(size, out)
+    clients, precisions = size.serve_clients, size.serve_precisions
+    r = serve_bench.run(run_dir, sentences, clients, precisions=precisions, out=out)
     serve_bench.print_results(r)
     return r
 

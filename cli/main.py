@@ -280,7 +280,11 @@ def serve(
     int8: Int8 = False,
     max_lines: Annotated[int, typer.Option(help="Most sentences in one request.")] = 256,
     max_wait: Annotated[
-        float, typer.Option(help="Milliseconds a batch waits for other requests to join.")
+        float,
+        typer.Option(
+            help="Milliseconds a batch waits for other requests to join (engines that search"
+            " whole batches: CTranslate2)."
+        ),
     ] = 20.0,
     max_queue: Annotated[
         int,
@@ -296,6 +300,20 @@ def serve(
             " on CPUs each in a process with its own copy of the model."
         ),
     ] = 0,
+    max_rows: Annotated[
+        int,
+        typer.Option(
+            help="Live rows (sentences x beam) each search worker steps at once; more wait"
+            " to join at a later step."
+        ),
+    ] = 256,
+    schedule: Annotated[
+        str,
+        typer.Option(
+            help="groups: concurrent requests searched together, whole; steps: each request"
+            " joins a running search at its next step (continuous batching; tf's own engine)."
+        ),
+    ] = "groups",
     to: To = "",
     frm: From = "",
 ) -> None:
@@ -307,7 +325,8 @@ def serve(
     if not 0 <= max_wait < float("inf"):  # NaN too
         raise InputError(f"--max-wait must be 0 or more, got {max_wait}")
     overrides = decode_overrides(beam, False, None, None, set_ or [])
-    limits = Limits(max_lines, max_wait / 1000, max_queue, timeout, workers)
+    limits = Limits(max_lines, max_wait / 1000, max_queue, timeout, workers, max_rows=max_rows,
+                    schedule=schedule)  # fmt: skip
     run_serve(run, host, port, overrides, device, int8, limits, to, frm)
 
 

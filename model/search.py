@@ -32,7 +32,6 @@ tokens (`renormalize`, its `renormalize_logits`); and one stopping rule, `beam_s
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypeVar
@@ -119,21 +118,27 @@ def _restrict_length(
     t: int,
     max_lens: Tensor,
     eos_id: int,
-    min_len: int,
+    min_len: int | Tensor,
     shortest: int,
     score_forced_eos: bool = True,
 ) -> Tensor:
     """Forbid EOS before min_len tokens; force it once a row holds max_lens tokens (that wins),
     its log-probability kept, or 0 (certain) without `score_forced_eos`. `shortest` is the
     smallest of the batch's max_lens, known on the host: before it no row is at its limit,
-    and the two (N, V) passes that force EOS are skipped.
+    and the two (N, V) passes that force EOS are skipped. A row of a sentence that joined a
+    running search at step s has its max length and min_len shifted by s (`Sentences`):
+    min_len is then (N,), each row's.
 
     Shape: log_probs (N, V), max_lens (N,) per row -> (N, V).
     """
-    if t >= min_len and t < shortest:
+    per_row = isinstance(min_len, Tensor)
+    if not per_row and t >= min_len and t < shortest:
         return log_probs
     is_eos = torch.arange(log_probs.size(1), device=log_probs.device) == eos_id  # (V,)
-    restricted = log_probs.masked_fill(is_eos, float("-inf")) if t < min_len else log_probs
+    if per_row:
+        restricted = log_probs.masked_fill((t < min_len)[:, None] & is_eos, float("-inf"))
+    else:
+        restricted = log_probs.masked_fill(is_eos, float("-inf")) if t < min_len else log_probs
     if t < shortest:
         return restricted
     if score_forced_eos:
@@ -163,7 +168,11 @@ def _ban_repeated_ngrams(log_probs: Tensor, tokens: Tensor, n: int) -> Tensor:
     windows = tokens.unfold(1, n, 1)  # (N, W, n): every n-gram so far
     last = tokens[:, tokens.size(1) - n + 1 :]  # (N, n - 1): the n-gram the next token completes
     match = (windows[:, :, :-1] == last[:, None, :]).all(dim=-1)  # (N, W)
-    banned = torch.zeros_like(log_probs).scatter_add_(1, windows[:, :, -1], match.to(log_probs))
+    # A row that joined a running search is padded with -1 before its first token: a window
+    # of padding alone is no n-gram (one ending in a token never matches `last` then).
+    match &= windows[:, :, -1] >= 0
+    ids = windows[:, :, -1].clamp(min=0)
+    banned = torch.zeros_like(log_probs).scatter_add_(1, ids, match.to(log_probs))
     return log_probs.masked_fill(banned > 0, float("-inf"))
 
 
@@ -177,6 +186,9 @@ class Prefix:
 
     tokens: Tensor
     certain: int = 0
+    # (B,) long, the column of each sentence's first token, or None: all at 0. A sentence that
+    # joined a running search at step s has its prefix from column s (`Sentences`).
+    first: Tensor | None = None
 
 
 def as_prefix(prefix: Tensor | Prefix | None) -> Prefix | None:
@@ -199,8 +211,11 @@ def force_prefix(
     forced = prefix.tokens[sentence, t]  # (N,) -1: free
     allowed = torch.zeros_like(log_probs, dtype=torch.bool)
     allowed.scatter_(1, forced.clamp(min=0)[:, None], True)
-    if t < prefix.certain:  # the token is the model's to write, whatever it would rate it
+    if prefix.first is None and t < prefix.certain:  # the model's to write, however it rates it
         log_probs = log_probs.masked_fill(allowed, 0.0)
+    elif prefix.first is not None and prefix.certain:
+        certain = (t - prefix.first[sentence] < prefix.certain)[:, None]  # (N, 1)
+        log_probs = log_probs.masked_fill(allowed & certain, 0.0)
     return log_probs.masked_fill((forced >= 0)[:, None] & ~allowed, float("-inf"))
 
 
@@ -397,60 +412,299 @@ def _row_search(
     *,
     batch_size: int,
     per_sentence: int,
-    bos_id: int,
-    eos_id: int,
     max_lens: Tensor,
-    min_len: int,
-    no_repeat_ngram_size: int,
     prefix: Tensor | Prefix | None,
-    score_forced_eos: bool,
-    renormalize: bool,
+    **settings,
 ) -> list[tuple[list[int], float]]:
-    """Greedy search's loop, one token per row each step: `per_sentence` rows for each of B
-    sentences (the state's B rows are expanded after the first step), the token of each row
-    chosen by `choose(log_probs (N, V), t, rows (N,)) -> (N,)`, `rows` the index of each live
-    row among all B x per_sentence. Returns (tokens, log P) for every row, sentence-major."""
-    device = max_lens.device
-    results: list[tuple[list[int], float] | None] = [None] * (batch_size * per_sentence)
-    beams = _initial_beams(batch_size, device)  # one row per live sentence
-    row_ids = torch.arange(batch_size, device=device) * per_sentence  # (N,)
-    tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)
-    shortest = int(max_lens.min())
-    for t in itertools.count():
-        log_probs, state = step(tokens, state)  # (N, V)
-        if t == 0 and per_sentence > 1:
-            expand = torch.arange(batch_size, device=device).repeat_interleave(per_sentence)
-            state = reorder(state, expand, per_sentence)
-            beams, log_probs = beams.take(expand), log_probs[expand]
-            row_ids = torch.arange(batch_size * per_sentence, device=device)
-        row_max_lens = max_lens[beams.sentence]  # (N,)
-        log_probs = apply_step_rules(
-            log_probs, t, beams, max_lens, eos_id, min_len, shortest, no_repeat_ngram_size, prefix,
-            score_forced_eos, renormalize,
+    """Greedy search's loop (`RowSearch`) over B sentences that all start at once; returns
+    (tokens, log P) for every row, sentence-major."""
+    search = RowSearch(choose, per_sentence=per_sentence, device=max_lens.device, **settings)
+    search.admit(max_lens, as_prefix(prefix))
+    while search.live:
+        log_probs, state = step(search.tokens, state)
+        state = search.advance(log_probs, state, reorder)
+    return [search.rows[i] for i in range(batch_size * per_sentence)]
+
+
+class Sentences:
+    """The sentences of a step-wise search (`RowSearch`, `BeamSearch`) by slot, in the order
+    they joined: the caller's key of each, the step it joined at (`starts`), its own max
+    length, the step at which it reaches it (`limits`, start + max length, on the device), its
+    forced prefix, from the column of its start, and its finished hypotheses. The step rules
+    (`apply_step_rules`) count one step for every row: a sentence's limits and prefix, shifted
+    by its start, hold at its own step."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.keys: list = []
+        self.starts: list[int] = []
+        self.max_lens: list[int] = []
+        self.limits = torch.empty(0, dtype=torch.long, device=device)
+        self.shortest = 1 << 62  # the smallest limit: before it no row is at its max length
+        self.prefix: Prefix | None = None
+        self.finished: list[list[Hypothesis]] = []
+        self.n_finished: list[int] = []  # hypotheses finished, kept or not
+        self.cancelled: set[int] = set()
+
+    def add(self, t: int, keys: list, max_lens: Tensor, prefix: Prefix | None) -> range:
+        """Sentences joining at step t; their slots."""
+        first, n = len(self.keys), max_lens.numel()
+        host = max_lens.tolist()
+        self.keys += keys
+        self.starts += [t] * n
+        self.max_lens += host
+        self.limits = max_lens + t if first == 0 else torch.cat([self.limits, max_lens + t])
+        self.shortest = min(self.shortest, t + min(host))
+        self.finished += [[] for _ in range(n)]
+        self.n_finished += [0] * n
+        self.prefix = self._joined_prefix(first, n, t, prefix)
+        return range(first, first + n)
+
+    def _joined_prefix(self, first: int, n: int, t: int, prefix: Prefix | None) -> Prefix | None:
+        """Every slot's prefix after n sentences join at step t with `prefix` (n, L) or None."""
+        if prefix is None and self.prefix is None:
+            return None
+        if first == 0 and t == 0:
+            return prefix
+        mine = self.prefix.tokens if self.prefix is not None else self._free(first, 0)
+        theirs = self._free(n, t)
+        if prefix is not None:
+            theirs = torch.cat([theirs, prefix.tokens], dim=1)
+        width = max(mine.size(1), theirs.size(1))
+        tokens = torch.cat([_free_after(mine, width), _free_after(theirs, width)])
+        certain = {p.certain for p in (self.prefix, prefix) if p is not None and p.certain}
+        if len(certain) > 1:  # as `cli.inference.decoding.prefix_tensor`
+            raise ValueError(f"sentences forced to write {sorted(certain)} language tokens")
+        first_columns = torch.tensor(self.starts, dtype=torch.long, device=self.device)
+        return Prefix(tokens, certain.pop() if certain else 0, first_columns)
+
+    def _free(self, n: int, width: int) -> Tensor:
+        return torch.full((n, width), -1, dtype=torch.long, device=self.device)
+
+    def own_step(self, slot: int, t: int) -> int:
+        return t - self.starts[slot]
+
+    def keep(self, slots: list[int], shift: int) -> Tensor:
+        """Only the sentences of `slots` (ascending), their steps counted from `shift` on;
+        the new slot of each old one (-1: gone), (slots before,) on the device."""
+        index = _on_device(slots, self.device)
+        mapping = torch.full((len(self.keys),), -1, dtype=torch.long)
+        mapping[slots] = torch.arange(len(slots))
+        self.keys = [self.keys[b] for b in slots]
+        self.starts = [self.starts[b] - shift for b in slots]
+        self.max_lens = [self.max_lens[b] for b in slots]
+        self.limits = self.limits.index_select(0, index) - shift
+        self.shortest = min((a + m for a, m in zip(self.starts, self.max_lens)), default=1 << 62)
+        self.finished = [self.finished[b] for b in slots]
+        self.n_finished = [self.n_finished[b] for b in slots]
+        self.cancelled = {int(mapping[b]) for b in self.cancelled if mapping[b] >= 0}
+        if self.prefix is not None:
+            tokens = self.prefix.tokens.index_select(0, index)[:, shift:]
+            first = torch.tensor(self.starts, dtype=torch.long, device=self.device)
+            self.prefix = Prefix(tokens, self.prefix.certain, first)
+        return mapping.to(self.device)
+
+
+def _free_after(tokens: Tensor, width: int) -> Tensor:
+    """(n, w) prefix tokens padded with -1 (free) to `width` columns."""
+    return torch.nn.functional.pad(tokens, (0, width - tokens.size(1)), value=-1)
+
+
+def _own_tokens(row: list[int]) -> list[int]:
+    """A row's tokens without the -1 columns before the step its sentence joined at."""
+    return [token for token in row if token >= 0] if row and row[0] < 0 else row
+
+
+class _StepwiseSearch:
+    """What both step-wise searches share: their sentences, their live rows (`beams`, the
+    `tokens` to feed next), admission between steps, cancellation, the answers of the
+    sentences done (`done`, taken by the caller) and the forgetting of old columns."""
+
+    def __init__(self, device: torch.device, bos_id: int, eos_id: int, min_len: int,
+                 no_repeat_ngram_size: int, score_forced_eos: bool, renormalize: bool):  # fmt: skip
+        self.device, self.bos_id, self.eos_id, self.min_len = device, bos_id, eos_id, min_len
+        self.no_repeat_ngram_size = no_repeat_ngram_size
+        self.score_forced_eos, self.renormalize = score_forced_eos, renormalize
+        self.done: list[tuple[object, list[Hypothesis]]] = []
+        self.restart()
+
+    def restart(self) -> None:
+        """No sentence: the next to join start at step 0."""
+        self.t = 0
+        self.sentences = Sentences(self.device)
+        self.beams = _initial_beams(0, self.device)
+        self.tokens = torch.empty(0, dtype=torch.long, device=self.device)
+        self.joined_late = False  # a sentence joined after step 0: rows have their own steps
+
+    @property
+    def live(self) -> int:
+        """Live rows."""
+        return self.beams.sentence.numel()
+
+    def _add_rows(self, slots: range, k: int) -> None:
+        """k rows for each sentence of `slots`, after the live ones: BOS to feed, no token yet
+        (-1 columns up to this step), log-probability 0 for the first, -inf for the others
+        (so the first step extends the first alone, as at one row a sentence)."""
+        n = len(slots)
+        sentence = torch.arange(slots.start, slots.stop, device=self.device)
+        sentence = sentence.repeat_interleave(k)
+        log_probs = torch.full((n, k), float("-inf"), device=self.device)
+        log_probs[:, 0] = 0.0
+        tokens = torch.full((n * k, self.t), -1, dtype=torch.long, device=self.device)
+        beams = self.beams
+        self.beams = Beams(
+            torch.cat([beams.tokens, tokens]),
+            torch.cat([beams.log_probs, log_probs.flatten()]),
+            torch.cat([beams.sentence, sentence]),
+        )
+        bos = torch.full((n * k,), self.bos_id, device=self.device)
+        self.tokens = torch.cat([self.tokens, bos])
+        self.joined_late = self.joined_late or self.t > 0
+
+    def cancel(self, keys: set) -> None:
+        """The sentences of `keys` leave at the next step, unanswered."""
+        for slot, key in enumerate(self.sentences.keys):
+            if key in keys:
+                self.sentences.cancelled.add(slot)
+
+    def rules(self, log_probs: Tensor) -> Tensor:
+        """`apply_step_rules` at this step, each sentence at its own step."""
+        sentences, min_len = self.sentences, self.min_len
+        if self.joined_late and min_len:
+            starts = _on_device(sentences.starts, self.device).index_select(0, self.beams.sentence)
+            min_len = starts + min_len  # (N,) the step until which each row's EOS is banned
+        return apply_step_rules(
+            log_probs, self.t, self.beams, sentences.limits, self.eos_id, min_len,
+            sentences.shortest, self.no_repeat_ngram_size, sentences.prefix,
+            self.score_forced_eos, self.renormalize,
         )  # fmt: skip
-        tokens = choose(log_probs, t, row_ids)  # (N,)
+
+    def live_slots(self) -> list[int]:
+        raise NotImplementedError
+
+    def forget(self, at_least: int = 8) -> int:
+        """Drop the sentences that left and the columns before the oldest live one joined,
+        once they are `at_least` columns and a quarter of the live width (every row attends
+        over the whole width, so dead columns cost every step; dropping copies the live ones,
+        which this bounds to a few columns a step); the caller drops the same columns of its
+        state (`DecoderCache.drop_columns`). Returns how many columns were dropped."""
+        slots = self.live_slots()
+        shift = min((self.sentences.starts[b] for b in slots), default=0)
+        due = shift >= max(at_least, (self.t - shift) // 4)
+        gone = len(self.sentences.keys) - len(slots)
+        if not due and gone < 64 + 2 * len(slots):
+            return 0
+        if not due:
+            shift = 0
+        mapping = self.sentences.keep(slots, shift)
+        self.beams = Beams(
+            self.beams.tokens[:, shift:], self.beams.log_probs, mapping[self.beams.sentence]
+        )
+        self.t -= shift
+        self._renumber(mapping)
+        return shift
+
+    def _renumber(self, mapping: Tensor) -> None:
+        pass
+
+
+class RowSearch(_StepwiseSearch):
+    """Greedy search's loop (and sampling's) a step at a time, one token per row each step:
+    `per_sentence` rows for each sentence (its one row expanded after its first step), the
+    token of each row chosen by `choose(log_probs (N, V), t, rows (N,)) -> (N,)`, `rows` the
+    index of each live row among all sentences x per_sentence. Sentences may join between
+    steps (`admit`, one row a sentence: greedy only) and leave (`cancel`); each sentence's
+    result goes to `done` as it ends ((key, [Hypothesis]), per_sentence 1), and every row's to
+    `rows` ((tokens, log P) by row index)."""
+
+    def __init__(self, choose: Callable[[Tensor, int, Tensor], Tensor], *, per_sentence: int = 1,
+                 device: torch.device, bos_id: int, eos_id: int, min_len: int = 0,
+                 no_repeat_ngram_size: int = 0, score_forced_eos: bool = True,
+                 renormalize: bool = False):  # fmt: skip
+        self.choose, self.per_sentence = choose, per_sentence
+        super().__init__(device, bos_id, eos_id, min_len, no_repeat_ngram_size,
+                         score_forced_eos, renormalize)  # fmt: skip
+
+    def restart(self) -> None:
+        super().restart()
+        self.row_ids = torch.empty(0, dtype=torch.long, device=self.device)
+        self.rows: dict[int, tuple[list[int], float]] = {}
+
+    def admit(
+        self, max_lens: Tensor, prefix: Prefix | None = None, keys: list | None = None
+    ) -> int:
+        """Sentences join before the next step: max_lens (n,) and prefix (n, L) as in
+        `greedy_search`; `keys` name them in `done` (their slots by default). Returns the rows
+        a sentence the caller adds to its state for them: one."""
+        if self.t > 0 and self.per_sentence > 1:
+            raise ValueError("sentences join a running search only at one row a sentence")
+        first = len(self.sentences.keys)
+        keys = keys or list(range(first, first + max_lens.numel()))
+        slots = self.sentences.add(self.t, keys, max_lens, prefix)
+        self._add_rows(slots, 1)
+        row_ids = torch.arange(slots.start, slots.stop, device=self.device) * self.per_sentence
+        self.row_ids = torch.cat([self.row_ids, row_ids])
+        return 1
+
+    def live_slots(self) -> list[int]:
+        return sorted(set(self.beams.sentence.tolist()))
+
+    def _renumber(self, mapping: Tensor) -> None:
+        per = self.per_sentence
+        self.row_ids = mapping[self.row_ids // per] * per + self.row_ids % per
+
+    def advance(self, log_probs: Tensor, state: State, reorder: ReorderFn) -> State:
+        """The step's choice from its log_probs (N, V) for `tokens`: the state reordered as
+        rows end and leave."""
+        t, beams, device = self.t, self.beams, self.device
+        if t == 0 and self.per_sentence > 1:
+            n = self.live
+            expand = torch.arange(n, device=device).repeat_interleave(self.per_sentence)
+            state = reorder(state, expand, self.per_sentence)
+            beams, log_probs = beams.take(expand), log_probs[expand]
+            self.beams = beams
+            self.row_ids = torch.arange(n * self.per_sentence, device=device)
+        limits = self.sentences.limits[beams.sentence]  # (N,)
+        log_probs = self.rules(log_probs)
+        tokens = self.choose(log_probs, t, self.row_ids)  # (N,)
         sum_log_probs = beams.log_probs + log_probs.gather(1, tokens[:, None]).squeeze(1)
-        ended = (tokens == eos_id) | (row_max_lens <= t)  # (N,) the latter even if EOS is -inf
+        ended = (tokens == self.eos_id) | (limits <= t)  # (N,) the latter even if EOS is -inf
+        cancelled = self.sentences.cancelled
+        if cancelled:
+            ended |= torch.isin(beams.sentence, _on_device(sorted(cancelled), device))
+            self.sentences.cancelled = set()  # their rows leave at this step
         host_ended = ended.tolist()  # the step's one wait for the device
         if any(host_ended):
             rows = _on_device([i for i, e in enumerate(host_ended) if e], device)
-            for row, output, log_prob in zip(
-                row_ids.index_select(0, rows).tolist(),
+            for row, slot, output, log_prob in zip(
+                self.row_ids.index_select(0, rows).tolist(),
+                beams.sentence.index_select(0, rows).tolist(),
                 beams.tokens.index_select(0, rows).tolist(),
                 sum_log_probs.index_select(0, rows).tolist(),
                 strict=True,
             ):
-                results[row] = (output, log_prob)
+                if slot in cancelled:
+                    continue
+                output = _own_tokens(output)
+                self.rows[row] = (output, log_prob)
+                if self.per_sentence == 1:
+                    hypothesis = Hypothesis(output, log_prob, log_prob)
+                    self.done.append((self.sentences.keys[slot], [hypothesis]))
             if all(host_ended):
-                break
+                rows_done = self.rows
+                self.restart()
+                self.rows = rows_done
+                return state
             live = _on_device(
                 _in_place_order([i for i, e in enumerate(host_ended) if not e]), device
             )
             state = reorder(state, live, 1)
             beams, tokens, sum_log_probs = beams.take(live), tokens[live], sum_log_probs[live]
-            row_ids = row_ids[live]
-        beams = beams.extend(tokens, sum_log_probs)
-    return results  # type: ignore[return-value]  # every row ends by its max length
+            self.row_ids = self.row_ids[live]
+        self.beams = beams.extend(tokens, sum_log_probs)
+        self.tokens = tokens
+        self.t += 1
+        return state
 
 
 def beam_search(
@@ -514,60 +768,118 @@ def beam_search(
         For each sentence in input order, up to nbest hypotheses, best score first (fewer only
         when max_len leaves fewer possible outputs).
     """
-    if not 1 <= nbest <= beam_size:
-        raise ValueError(f"need 1 <= nbest <= beam_size, got nbest {nbest}, beam {beam_size}")
-    lp = as_length_penalty(length_penalty)
-    kept = finished_kept(beam_stop, beam_size, nbest)
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
-    n_finished = [0] * batch_size  # hypotheses each sentence finished, kept in its n-best or not
-    enough = max(nbest, round(beam_size * patience)) if patience > 0 else 0  # 0: no such stop
-    device = max_lens.device
-    beams = _initial_beams(batch_size, device)
-    groups = list(range(batch_size))  # the sentence of each live group of k rows
-    tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)
-    host_max_lens = max_lens.tolist()
-    shortest = min(host_max_lens)
-    k = 1  # rows per live sentence: one before the first step, then up to beam_size
-    ranked = None  # (B', k) each sentence's rows by its hypotheses' rank; None: in order
-    for t in itertools.count():
-        log_probs, state = step(tokens, state)  # (N, V)
-        log_probs = apply_step_rules(
-            log_probs, t, beams, max_lens, eos_id, min_len, shortest, no_repeat_ngram_size, prefix,
-            score_forced_eos, renormalize,
-        )  # fmt: skip
+    search = BeamSearch(
+        beam_size=beam_size, bos_id=bos_id, eos_id=eos_id, device=max_lens.device,
+        length_penalty=length_penalty, patience=patience, min_len=min_len, nbest=nbest,
+        no_repeat_ngram_size=no_repeat_ngram_size, half_logits=half_logits,
+        beam_stop=beam_stop, score_forced_eos=score_forced_eos, renormalize=renormalize,
+    )  # fmt: skip
+    search.admit(max_lens, as_prefix(prefix))
+    while search.live:
+        log_probs, state = step(search.tokens, state)
+        state = search.advance(log_probs, state, reorder)
+    found = dict(search.done)
+    return [found[b] for b in range(batch_size)]
+
+
+class BeamSearch(_StepwiseSearch):
+    """`beam_search`'s loop a step at a time. Sentences may join between steps (`admit`):
+    before the search's first step at one row a sentence, after it at as many rows as the
+    others hold (k, the beam), the first alone live (the others at -inf), which the first
+    step extends exactly as a row of its own. Each sentence's n-best goes to `done`, (key,
+    hypotheses), as it stops; `cancel` makes sentences leave unanswered."""
+
+    def __init__(self, *, beam_size: int, bos_id: int, eos_id: int, device: torch.device,
+                 length_penalty: float | LengthPenalty, patience: float, min_len: int = 0,
+                 nbest: int = 1, no_repeat_ngram_size: int = 0, half_logits: bool = False,
+                 beam_stop: BeamStop = "bound", score_forced_eos: bool = True,
+                 renormalize: bool = False):  # fmt: skip
+        if not 1 <= nbest <= beam_size:
+            raise ValueError(f"need 1 <= nbest <= beam_size, got nbest {nbest}, beam {beam_size}")
+        self.beam_size, self.nbest, self.half_logits = beam_size, nbest, half_logits
+        self.lp, self.beam_stop = as_length_penalty(length_penalty), beam_stop
+        self.kept = finished_kept(beam_stop, beam_size, nbest)
+        # hypotheses a sentence may finish before it stops; 0: no such stop
+        self.enough = max(nbest, round(beam_size * patience)) if patience > 0 else 0
+        super().__init__(device, bos_id, eos_id, min_len, no_repeat_ngram_size,
+                         score_forced_eos, renormalize)  # fmt: skip
+
+    def restart(self) -> None:
+        super().restart()
+        self.groups: list[int] = []  # the slot of each live group of k rows
+        self.k = 1  # rows per live sentence: one before the first step, then up to beam_size
+        self.ranked: Tensor | None = None  # (B', k) each group's rows by rank; None: in order
+
+    def admit(
+        self, max_lens: Tensor, prefix: Prefix | None = None, keys: list | None = None
+    ) -> int:
+        """Sentences join before the next step (max_lens (n,), prefix (n, L), as in
+        `beam_search`; `keys` name them in `done`, their slots by default). Returns the rows
+        a sentence (k) the caller adds to its state for them, k copies of its first row."""
+        first = len(self.sentences.keys)
+        keys = keys or list(range(first, first + max_lens.numel()))
+        slots = self.sentences.add(self.t, keys, max_lens, prefix)
+        self._add_rows(slots, self.k)
+        self.groups += list(slots)
+        if self.ranked is not None:
+            order = torch.arange(self.k, device=self.device).expand(len(slots), -1)
+            self.ranked = torch.cat([self.ranked, order])
+        return self.k
+
+    def live_slots(self) -> list[int]:
+        return sorted(self.groups)
+
+    def _renumber(self, mapping: Tensor) -> None:
+        host = mapping.tolist()
+        self.groups = [host[b] for b in self.groups]
+
+    def advance(self, log_probs: Tensor, state: State, reorder: ReorderFn) -> State:
+        """The step's choice from its log_probs (N, V) for `tokens`: the sentences that stop
+        answered in `done`, the state reordered to the rows that go on."""
+        t, k, beam_size, sentences = self.t, self.k, self.beam_size, self.sentences
+        log_probs = self.rules(log_probs)
         top, rows, words = _best_extensions(
-            log_probs, beams.log_probs, k, 2 * beam_size, ranked, blocks=not half_logits
-        )
+            log_probs, self.beams.log_probs, k, 2 * beam_size, self.ranked,
+            blocks=not self.half_logits,
+        )  # fmt: skip
         # At most k candidates end in EOS (one per row), so C - k of them do not.
         k_next = min(beam_size, top.size(1) - k)
         # From here a step decides over a few candidates a sentence, on the host after one
         # transfer (on a GPU, the step's one wait): `model.beam_candidates`.
         host = torch.cat([top.double(), rows.double(), words.double()], dim=1).cpu()
-        found = read_candidates(host, eos_id, beam_size, k_next)
+        found = read_candidates(host, self.eos_id, beam_size, k_next)
         if found.ended:
-            ended = [(groups[i], row, log_prob) for i, row, log_prob in found.ended]
-            _add_finished(finished, n_finished, beams, ended, lp, kept)
+            ended = [(self.groups[i], row, log_prob) for i, row, log_prob in found.ended]
+            _add_finished(sentences.finished, sentences.n_finished, self.beams, ended,
+                          self.lp, self.kept)  # fmt: skip
         keep = []  # the live sentences' positions that go on
-        for i, (b, best) in enumerate(zip(groups, found.best_live, strict=True)):
-            max_len = host_max_lens[b]
-            bound = best / _best_length_penalty(t, max_len, lp, beam_stop)
-            if not _sentence_done(finished[b], n_finished[b], enough, bound, t, max_len, kept):
+        for i, (b, best) in enumerate(zip(self.groups, found.best_live, strict=True)):
+            if b in sentences.cancelled:
+                continue
+            own, max_len = sentences.own_step(b, t), sentences.max_lens[b]
+            bound = best / _best_length_penalty(own, max_len, self.lp, self.beam_stop)
+            hyps = sentences.finished[b]
+            if not _sentence_done(hyps, sentences.n_finished[b], self.enough, bound, own,
+                                  max_len, self.kept):  # fmt: skip
                 keep.append(i)
+            else:
+                self.done.append((sentences.keys[b], hyps[: self.nbest]))
+        sentences.cancelled = set()
         if not keep:
-            break
+            self.restart()
+            return state
         in_place = k_next == k  # rows that stay where they were, as many as can (else all move)
         if in_place:
             keep = _in_place_order(keep)
         parents, ids, scores, placed = found.take(keep, k if in_place else 0)
-        ranked = None if placed is None else _on_device(placed, device)
-        groups = [groups[i] for i in keep]
-        index, tokens = _on_device(parents, device), _on_device(ids, device)  # (B'' k',)
-        extended = torch.cat([beams.tokens.index_select(0, index), tokens[:, None]], dim=1)
-        sentence = _on_device([b for b in groups for _ in range(k_next)], device)
-        beams = Beams(extended, _on_device(scores, device, top.dtype), sentence)
-        state = reorder(state, index, k_next)
-        k = k_next
-    return [hyps[:nbest] for hyps in finished]
+        self.ranked = None if placed is None else _on_device(placed, self.device)
+        self.groups = [self.groups[i] for i in keep]
+        index, tokens = _on_device(parents, self.device), _on_device(ids, self.device)
+        extended = torch.cat([self.beams.tokens.index_select(0, index), tokens[:, None]], dim=1)
+        sentence = _on_device([b for b in self.groups for _ in range(k_next)], self.device)
+        self.beams = Beams(extended, _on_device(scores, self.device, top.dtype), sentence)
+        self.tokens, self.k, self.t = tokens, k_next, t + 1
+        return reorder(state, index, k_next)
 
 
 def finished_kept(beam_stop: BeamStop, beam_size: int, nbest: int) -> int:
@@ -711,7 +1023,7 @@ def _add_finished(
     order, into their sentence's list of its `kept` best (earlier ones win ties), and count
     them."""
     rows = _on_device([row for _, row, _ in ends], beams.tokens.device)
-    prefixes = beams.tokens.index_select(0, rows).tolist()
+    prefixes = [_own_tokens(row) for row in beams.tokens.index_select(0, rows).tolist()]
     for (b, _, log_prob), prefix in zip(ends, prefixes, strict=True):
         score = log_prob / lp(len(prefix) + 1)  # |Y| counts EOS
         hyps = finished[b]

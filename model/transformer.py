@@ -191,12 +191,17 @@ class Embedding(nn.Module):
         self.norm = nn.LayerNorm(D, eps=config.norm_eps) if config.layernorm_embedding else None
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
-        """Embed ids (B, T) at positions start .. start + T - 1 -> (B, T, D)."""
-        end = start + ids.size(1)
+    def forward(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:
+        """Embed ids (B, T) at positions start .. start + T - 1 -> (B, T, D); `start` is one
+        for all rows, or (B,) long, each row's (rows that joined a running search)."""
+        end = (start if isinstance(start, int) else int(start.max())) + ids.size(1)
         if end > self.max_positions:
             raise ValueError(f"position {end - 1} is beyond max_positions {self.max_positions}")
-        pe = self.positions[start + self.offset : end + self.offset]  # (T, D)
+        if isinstance(start, int):
+            pe = self.positions[start + self.offset : end + self.offset]  # (T, D)
+        else:
+            columns = torch.arange(ids.size(1), device=ids.device)
+            pe = self.positions[start[:, None] + columns + self.offset]  # (B, T, D)
         if self.pad_has_no_position:
             pe = pe * (ids != self.token.padding_idx).unsqueeze(-1)  # (B, T, D)
         x = self.token(ids) * self.scale + pe
@@ -450,6 +455,46 @@ class DecoderCache:
             group=group,
         )
 
+    def admit(self, joining: DecoderCache) -> DecoderCache:
+        """This cache with the sentences of `joining` (a fresh cache, no step fed) after its
+        own, `self.group` rows each, between two steps of a running search: each layer's
+        cross-attention keys and values padded to the longer source (the padding masked) and
+        stacked, and self-attention's rows added (`StepCache.admit`), their positions counted
+        from this step. This cache is spent."""
+        cross, keep = [], []
+        S = max(self.cross_attn[0].keys.size(2), joining.cross_attn[0].keys.size(2))
+        for mine, theirs in zip(self.cross_attn, joining.cross_attn, strict=True):
+            cross.append(
+                KVCache(
+                    torch.cat([_pad_keys(mine.keys, S), _pad_keys(theirs.keys, S)]),
+                    torch.cat([_pad_keys(mine.values, S), _pad_keys(theirs.values, S)]),
+                )
+            )
+        for cache in (self, joining):
+            keep.append(_pad_keep(cache.src_keep, cache.cross_attn[0].keys, S))
+        sentences = joining.cross_attn[0].keys.size(0)
+        self.self_attn.admit(sentences * self.group, joining.cross_attn[0].keys.device)
+        return DecoderCache(self.self_attn, cross, torch.cat(keep), self.step, self.group)
+
+    def drop_columns(self, shift: int) -> None:
+        """Forget self-attention's first `shift` columns (`StepCache.drop_columns`)."""
+        self.self_attn.drop_columns(shift)
+        self.step -= shift
+
+
+def _pad_keys(keys: Tensor, S: int) -> Tensor:
+    """(B, H, s, D/H) -> (B, H, S, D/H), zeros after the s columns."""
+    return F.pad(keys, (0, 0, 0, S - keys.size(2)))
+
+
+def _pad_keep(keep: Tensor | None, keys: Tensor, S: int) -> Tensor:
+    """A cross-attention keep bias (B, 1, 1, s) (None: nothing masked) over S >= s columns, the
+    added ones masked."""
+    B, s = keys.size(0), keys.size(2)
+    if keep is None:
+        keep = torch.zeros(B, 1, 1, s, dtype=keys.dtype, device=keys.device)
+    return F.pad(keep, (0, S - s), value=float("-inf"))
+
 
 class Transformer(nn.Module):
     """Encoder-decoder Transformer with a generator (the output projection).
@@ -626,7 +671,9 @@ class Transformer(nn.Module):
 
         Shape: tokens (N,) long -> logits (N, V).
         """
-        x = self.tgt_embed(tokens[:, None], start=cache.step)  # (N, 1, D)
+        starts = cache.self_attn.starts  # rows that joined later are at earlier positions
+        position = cache.step if starts is None else cache.step - starts
+        x = self.tgt_embed(tokens[:, None], start=position)  # (N, 1, D)
         x = self.decoder(x, cache.cross_attn, cache.src_keep, cache=cache.self_attn)
         cache.step += 1
         return self.project(x[:, 0])  # (N, V)

@@ -198,6 +198,62 @@ def test_scaling(out, trained, capsys):
     assert "vs tiny" in capsys.readouterr().out
 
 
+def test_serve(out, trained, capsys):
+    """`tf serve` of the run, and of its CTranslate2 export where installed, under both loads
+    at each number of clients, against `tf translate` in the same precision."""
+    r = MEASURED["serve"] = run.serve_section(SMOKE, out)
+    check_serve(json.loads(json.dumps(r)))  # as bench.json holds it: the clients as strings
+    printed = capsys.readouterr().out
+    assert (
+        f"same sentence, fp32 on {r['cpu']}" in printed and "tf translate, one process" in printed
+    )
+    assert ("CTranslate2 export" in printed) == CT2
+
+
+def check_serve(r: dict) -> None:
+    """The serve section's results as bench.json holds them: every engine, precision, load and
+    number of clients measured, no request failed, each ratio to its own tf translate."""
+    assert r["precisions"] == list(SMOKE.serve_precisions) and r["cpu"]
+    assert set(r["serve"]) == ({"tf", "ctranslate2"} if CT2 else {"tf"})
+    for precision in r["precisions"]:
+        reference = r["translate"][precision]
+        assert set(reference) == {"same sentence", "varied"}
+        for engine in r["serve"].values():
+            assert set(engine[precision]) == set(reference)
+            for load, by_clients in engine[precision].items():
+                assert set(by_clients) == {str(n) for n in SMOKE.serve_clients}
+                for s in by_clients.values():  # the light client's figures
+                    assert s["errors"] == 0 and 0 < s["p50_ms"] <= s["p99_ms"]
+                    assert s["vs_translate"] == pytest.approx(s["requests_per_s"] / reference[load])
+                    assert s["requests_per_s"] > 0 and reference[load] > 0
+
+
+AB_REPORT = """Concurrency Level:      32
+Time taken for tests:   2.345 seconds
+Complete requests:      300
+Failed requests:        7
+   (Connect: 0, Receive: 1, Length: 5, Exceptions: 1)
+Non-2xx responses:      3
+Requests per second:    127.93 [#/sec] (mean)
+Time per request:       250.137 [ms] (mean)
+
+Percentage of the requests served within a certain time (ms)
+  50%    245
+  66%    260
+  90%    300
+  99%    380
+ 100%    400 (longest request)
+"""
+
+
+def test_serve_bench_reads_an_apachebench_report():
+    from benchmarks.serve_bench import parse_ab
+
+    r = parse_ab(AB_REPORT)
+    # Length "failures" are answers of another size than the first: not errors
+    assert r == {"requests_per_s": 127.93, "p50_ms": 245.0, "p99_ms": 380.0, "errors": 5}
+
+
 def test_run_smoke_end_to_end(out, trained, capsys, monkeypatch):
     """`python -m benchmarks.run --smoke`: an estimate first, each section timed, bench.json.
     The sections whose own tests above ran them give those results (run alone, this test
@@ -223,14 +279,7 @@ def test_run_smoke_end_to_end(out, trained, capsys, monkeypatch):
     assert all(f"section {name}: " in printed for name in sections)
     assert printed.index("section scaling: ") < printed.index("== `tf serve` on loopback")
     check_corpus(bench["corpus"])
-    serve = bench["serve"]
-    assert set(serve["loads"]) == {"same sentence", "varied"} and serve["precision"]
-    for load in serve["loads"].values():
-        assert load["translate_sentences_per_s"] > 0
-        assert set(load["serve"]) == {"1", "4"}  # JSON keys: the clients of smoke size
-        for clients in load["serve"].values():  # the light client's figures, no request failed
-            assert clients["errors"] == 0 and clients["requests_per_s"] > 0
-            assert 0 < clients["p50_ms"] <= clients["p99_ms"]
+    check_serve(bench["serve"])
     memory = bench["memory"]
     runs = [f"train_pad_multiple_{m}" for m in sorted({1, DataConfig.pad_multiple})]
     assert memory["precision"] in ("fp32", "bf16") and "RSS over `tf train tiny`" in printed

@@ -720,6 +720,7 @@ def engine_with_beam(engine: Engine, beam: int) -> Engine:
         (["--beam", "40"], "error: the server's beam (--beam, decode.beam_size) must be"),
         (["--set", "decode.beam_size=33"], "got 33"),
         (["--max-queue", "0"], "error: --max-queue must be 1 or more, got 0"),
+        (["--max-rows", "0"], "error: --max-rows must be 1 or more, got 0"),
         (["--timeout", "0"], "error: --timeout must be a number of seconds above 0, got 0.0"),
         (["--max-wait", "nan"], "error: --max-wait must be 0 or more, got nan"),
         (["--max-wait", "1e13"], "error: --max-wait 1e+13 ms must be shorter than --timeout"),

@@ -151,17 +151,19 @@ def test_32_clients_at_once_each_get_what_they_would_alone(engine, tiny_prefix):
     assert batcher.searches < CLIENTS * REQUESTS  # and requests were batched together
 
 
-def test_the_serve_benchmark_runs(trained, tiny_prefix):
+def test_the_serve_benchmark_runs(trained, tiny_prefix, tmp_path):
     """`make bench`'s serve row, small: a live `tf serve` and the one-process path."""
     from benchmarks import serve_bench
 
     lines = [line for line in sentences(tiny_prefix) if line][:6]
-    results = serve_bench.run(trained, lines, clients=(1, 3), device="cpu")
-    assert set(results["loads"]) == {"same sentence", "varied"}
-    for load in results["loads"].values():
-        assert load["translate_sentences_per_s"] > 0
+    results = serve_bench.run(
+        trained, lines, clients=(1, 3), device="cpu", precisions=("fp32",), out=tmp_path
+    )
+    assert set(results["translate"]["fp32"]) == {"same sentence", "varied"}
+    for load, per_s in results["translate"]["fp32"].items():
+        assert per_s > 0
         for clients in (1, 3):
-            row = load["serve"][clients]
+            row = results["serve"]["tf"]["fp32"][load][clients]
             assert row["errors"] == 0 and row["requests_per_s"] > 0
             assert 0 < row["p50_ms"] <= row["p99_ms"]
     serve_bench.print_results(results)

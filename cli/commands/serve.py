@@ -14,6 +14,7 @@ from importlib import resources
 
 from cli.device import pick_device, search_workers
 from cli.inference.engines import Engine, load_engine
+from cli.inference.lanes import ThreadWorker
 from cli.inference.search_processes import EngineSpec, SearchPool
 from cli.inference.server import Limits, build_app, check_engine, shown_name
 from data.errors import InputError
@@ -36,6 +37,10 @@ def check_options(port: int, limits: Limits) -> None:
     """The command's own options, each wrong one in one line, before anything loads."""
     if limits.max_lines < 1:
         raise InputError(f"--max-lines must be 1 or more, got {limits.max_lines}")
+    if limits.schedule not in ("groups", "steps"):
+        raise InputError(f"--schedule must be groups or steps, got {limits.schedule!r}")
+    if limits.max_rows < 1:
+        raise InputError(f"--max-rows must be 1 or more, got {limits.max_rows}")
     if limits.max_queue < 1:
         raise InputError(f"--max-queue must be 1 or more, got {limits.max_queue}")
     if limits.workers < 0:
@@ -93,14 +98,19 @@ def run_serve(
     check_engine(engine)  # before any search process loads it again
     check_address(host, port)
     workers, threads = search_workers(device, limits.workers, own_threads=engine.model is None)
-    pool = None
+    pool, joining = None, None
     if device.type == "cpu" and engine.model is not None:  # PyTorch on CPUs: in processes
-        pool = SearchPool(EngineSpec(run, str(device), overrides, int8, to, frm), workers, threads)
+        spec = EngineSpec(run, str(device), overrides, int8, to, frm)
+        pool = SearchPool(spec, workers, threads, limits.max_rows)
         pool.wait_ready()
+        joining = pool.processes if limits.schedule == "steps" else None
         threads = 0  # the processes have theirs; the batcher's threads only wait on them
+    elif engine.model is not None and limits.schedule == "steps":  # a GPU: a thread of ours
+        joining = [ThreadWorker(engine, device, limits.max_rows)]
     limits = replace(limits, workers=workers, threads=threads)
     try:
-        app = build_app(engine, run, engine_kind(engine, int8), limits, read_page(), pool)
+        page = read_page()
+        app = build_app(engine, run, engine_kind(engine, int8), limits, page, pool, joining)
         log.info(
             "serving %s on http://%s:%d/ with %d search %s (Ctrl-C stops)",
             shown_name(run),

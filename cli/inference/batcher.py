@@ -1,6 +1,9 @@
-"""Requests from concurrent clients translated together: a bounded queue, a short wait for
-more while other requests are in flight, one search per group of requests that share decode
-settings, each answer back to its request.
+"""Requests from concurrent clients translated together. `Joiner`, for `tf`'s own engine:
+each request goes at once to a search worker, where it joins a running search
+(`cli.inference.lanes`). `Batcher`, for engines that search whole batches (CTranslate2's,
+or a search given to `build_app`): a bounded queue, a short wait for more while other
+requests are in flight, one search per group of requests that share decode settings, each
+answer back to its request.
 
 Only the batcher's worker threads touch the search, so the server's request handlers never
 block on it (they await a future). Each worker takes the next group and searches it with its
@@ -19,11 +22,12 @@ meets a cancelled future. Nothing a job does stops the thread.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import astuple, dataclass, field, replace
 
 import torch
@@ -60,6 +64,13 @@ class Job:
         keeps (the beam; wider for a line with constraints), for its memory grows with both."""
         widths = search_widths(self.decode, self.guides, len(self.src_ids))
         return sum(max(1, len(ids)) * w for ids, w in zip(self.src_ids, widths))
+
+
+def check_room(pending: int, job: Job, max_queue: int) -> None:
+    """QueueFull unless `job` fits beside the `pending` cost waiting (one job of any size fits
+    an empty queue)."""
+    if pending and pending + job.cost > max_queue:
+        raise QueueFull(f"the queue is full ({pending} of {max_queue} waiting)")
 
 
 class Batcher:
@@ -123,8 +134,7 @@ class Batcher:
         """Queue a job; its future gets one list of hypotheses per source. Raises QueueFull."""
         job = Job(src_ids, decode, guides)
         with self.lock:
-            if self.pending and self.pending + job.cost > self.max_queue:
-                raise QueueFull(f"the queue is full ({self.pending} of {self.max_queue} waiting)")
+            check_room(self.pending, job, self.max_queue)
             self.pending += job.cost
             self._count(+1)
             now = time.monotonic()
@@ -265,3 +275,103 @@ def finish(job: Job, result=None, error: BaseException | None = None) -> None:
 def fail(jobs: list[Job], error: BaseException) -> None:
     for job in jobs:
         finish(job, error=error)
+
+
+class Joiner:
+    """The server's side of continuous batching (`cli.inference.lanes`): each request goes at
+    once to the search worker holding the least work (ties: the one that searched last,
+    whose model and threads are warm), whose lanes admit its sentences at their next step.
+    The limits hold as with `Batcher`: at most `max_queue` of source tokens x beam wait to
+    be admitted (past it `submit` raises QueueFull), and a request cancelled (its client
+    left, its time ran out) leaves its worker's search at the next step. `workers`: objects
+    with `submit(key, src_ids, decode, guides)`, `cancel(key)`, `alive` and an `on_event`
+    this sets (`SearchProcess`, `lanes.ThreadWorker`). `load` as `Batcher`'s."""
+
+    def __init__(self, workers: list, max_queue: int = 1 << 16, load=None) -> None:
+        self.workers, self.max_queue, self.load = workers, max_queue, load
+        self.lock = threading.Lock()
+        self.jobs: dict[int, tuple[Job, int]] = {}  # key -> (job, its worker)
+        self.work = [0] * len(workers)  # cost each worker holds
+        self.last = 0  # the worker that took the last request
+        self.keys = itertools.count()
+        self.pending = 0  # cost sent and not yet admitted
+        self.in_flight = 0
+        self.searches = 0  # requests sent to the workers
+        self.dropped = 0  # requests cancelled before their answer
+        for i, worker in enumerate(workers):
+            worker.on_event = lambda event, i=i: self.event(event)
+
+    @property
+    def alive(self) -> bool:
+        return all(worker.alive for worker in self.workers)
+
+    def submit(
+        self,
+        src_ids: list[list[int]],
+        decode: DecodeConfig,
+        guides: list[Guide | None] | None = None,
+    ) -> Future:
+        """Send a request; its future gets one list of hypotheses per source. Raises QueueFull."""
+        job = Job(src_ids, decode, guides)
+        with self.lock:
+            check_room(self.pending, job, self.max_queue)
+            key = next(self.keys)
+            least = min(self.work)
+            i = self.last if self.work[self.last] == least else self.work.index(least)
+            self.jobs[key] = (job, i)
+            self.work[i] += job.cost
+            self.last = i
+            self.pending += job.cost
+            job.queued = True
+            self.searches += 1
+            self._count(+1)
+        job.done.add_done_callback(lambda done: self._cancelled(key) if done.cancelled() else None)
+        self.workers[i].submit(key, src_ids, decode, guides)
+        return job.done
+
+    def _count(self, change: int) -> None:
+        self.in_flight += change
+        if self.load is not None:
+            self.load.value = self.in_flight
+
+    def _cancelled(self, key: int) -> None:
+        entry = self._forget(key)
+        if entry is not None:
+            self.dropped += 1
+            self.workers[entry[1]].cancel(key)
+
+    def _admitted(self, job: Job) -> None:
+        """(under the lock) It no longer waits: its room in the queue is free."""
+        if job.queued:
+            job.queued = False
+            self.pending -= job.cost
+
+    def _forget(self, key: int) -> tuple[Job, int] | None:
+        with self.lock:
+            entry = self.jobs.pop(key, None)
+            if entry is not None:
+                job, i = entry
+                self._admitted(job)
+                self.work[i] -= job.cost
+                self._count(-1)
+            return entry
+
+    def event(self, event: tuple) -> None:
+        """What a worker says of a request: admitted, or done (ok and its hypotheses, or
+        not and its exception)."""
+        if event[0] == "admitted":
+            with self.lock:
+                entry = self.jobs.get(event[1])
+                if entry is not None:
+                    self._admitted(entry[0])
+            return
+        _, key, ok, value = event
+        entry = self._forget(key)
+        if entry is None:
+            return  # cancelled
+        if ok and len(value) != len(entry[0].src_ids):
+            ok, value = False, RuntimeError(f"{len(value)} results for {len(entry[0].src_ids)}")
+        try:
+            finish(entry[0], result=value if ok else None, error=None if ok else value)
+        except InvalidStateError:  # cancelled in between: nobody waits for it
+            pass

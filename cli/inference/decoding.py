@@ -111,9 +111,8 @@ def search_batch(
     pad`) sees it as an input and may rate it high as an output, which no target ever was.
     It is banned after the softmax, as transformers bans OPUS-MT's `bad_words_ids`, so that
     an imported model searches exactly as `generate` does."""
-    src_lens = (~batch.src_pad_mask).sum(dim=1)  # (B,)
     limit = model.config.max_positions - 1
-    max_lens = (decode.max_len_a * src_lens + decode.max_len_b).clamp(1, limit).long()
+    max_lens = length_limits(model, batch, decode)
     # Room for as many target tokens as source tokens, which most rows stay within (the cache
     # doubles for those that do not). Room for the limit (the source + 50), buffers 2.5 times
     # the size used, made greedy search slower than growing the cache by concatenation.
@@ -153,6 +152,14 @@ def search_batch(
     # Under autocast the logits are bf16 or fp16, whose ties make `row_topk` slower than top-k.
     half_logits = torch.is_autocast_enabled(batch.src.device.type)
     return beam_search(step, cache, reorder, **beam, **common, half_logits=half_logits)
+
+
+def length_limits(model: Transformer | Ensemble, batch: Batch, decode: DecodeConfig) -> Tensor:
+    """(B,) long, the most tokens each sentence's output may hold: `decode.max_len_a` x its
+    source length + `max_len_b`, within the model's positions."""
+    src_lens = (~batch.src_pad_mask).sum(dim=1)  # (B,)
+    limit = model.config.max_positions - 1
+    return (decode.max_len_a * src_lens + decode.max_len_b).clamp(1, limit).long()
 
 
 def length_penalty(decode: DecodeConfig) -> LengthPenalty:

@@ -23,9 +23,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cli.config import DecodeConfig
-from cli.inference.batcher import Batcher, QueueFull
+from cli.inference.batcher import Batcher, Joiner, QueueFull
 from cli.inference.decoding import source_ids
 from cli.inference.engines import Engine, Search, check_found
+from cli.inference.lanes import MAX_ROWS
 from cli.inference.languages import check_from, check_to
 from cli.inference.requests import Guide, Request, request_of
 from data.config import direction_of
@@ -52,6 +53,10 @@ class Limits:
     timeout: float = 60.0  # seconds a request may take, queue and search included
     workers: int = 1  # searches side by side (`cli.device.search_workers`)
     threads: int = 0  # intra-op threads of each (0: torch's setting)
+    max_rows: int = MAX_ROWS  # live rows (sentences x beam) a search worker steps at once
+    # "groups": requests batched into whole searches (`Batcher`); "steps": each joins a running
+    # search at its next step (`Joiner`, `cli.inference.lanes`), tf's own engine only
+    schedule: str = "groups"
 
 
 def beam_problem(beam: object) -> str | None:
@@ -221,11 +226,14 @@ def build_app(
     limits: Limits | None = None,
     page: str = "",
     search: Search | None = None,
+    joining: list | None = None,
 ):
     """The Starlette application serving `engine` (`name`, a path, and `engine_kind` say what
-    it is; `page` is the HTML of /), searching with `search` (the engine's own by default;
-    `tf serve` passes its search processes, `cli.inference.search_processes`). Raises
-    InputError for settings no request could use."""
+    it is; `page` is the HTML of /). With `joining`, search workers (`tf serve`'s search
+    processes, `cli.inference.search_processes`, whose pool is `search`; a GPU's thread,
+    `cli.inference.lanes.ThreadWorker`), each request joins a running search there
+    (`Joiner`); else groups of requests are searched whole by `search` (the engine's own by
+    default: CTranslate2's). Raises InputError for settings no request could use."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.responses import HTMLResponse, JSONResponse
@@ -233,15 +241,14 @@ def build_app(
 
     limits = limits or Limits()
     check_engine(engine)
-    batcher = Batcher(
-        search or engine.search,
-        engine.config.decode.max_tokens,
-        limits.max_wait,
-        limits.max_queue,
-        limits.workers,
-        limits.threads,
-        load=getattr(search, "load", None),  # search processes read it (`Cores`)
-    )
+    load = getattr(search, "load", None)  # search processes read it (`Cores`)
+    if joining:  # tf's own engine: requests join running searches (`cli.inference.lanes`)
+        batcher = Joiner(joining, limits.max_queue, load)
+    else:
+        batcher = Batcher(
+            search or engine.search, engine.config.decode.max_tokens, limits.max_wait,
+            limits.max_queue, limits.workers, limits.threads, load=load,
+        )  # fmt: skip
     about = health_fields(engine, name, engine_kind, limits)
 
     async def health(request) -> JSONResponse:
@@ -289,7 +296,9 @@ def health_fields(engine: Engine, name: str, engine_kind: str, limits: Limits) -
     }
 
 
-async def translate_request(request, engine: Engine, batcher: Batcher, limits: Limits) -> list[str]:
+async def translate_request(
+    request, engine: Engine, batcher: Batcher | Joiner, limits: Limits
+) -> list[str]:
     """One POST /translate: checked, queued, awaited, decoded."""
     check_json_body(request)
     requests, decode, langs = parse_request(await read_body(request), engine, limits)

@@ -23,16 +23,9 @@ import torch
 from torch import Tensor
 
 from data.batching import Batch, padded_width
-from model.packed import is_packed
+from model.packed import bucket, is_packed
 
 WIDTH_MULTIPLE = 8  # source columns, rounded up to a multiple of this
-
-
-def bucket(n: int) -> int:
-    """n rounded up to one of eight sizes per doubling: exact below 16, then multiples of 2,
-    4, 8...: at most 1/8 more rows, about 1/24 more on average."""
-    step = 1 << max(0, n.bit_length() - 4)
-    return -(-n // step) * step
 
 
 def shapes_matter(model, device: torch.device) -> bool:
