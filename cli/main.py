@@ -280,12 +280,12 @@ def serve(
     int8: Int8 = False,
     max_lines: Annotated[int, typer.Option(help="Most sentences in one request.")] = 256,
     max_wait: Annotated[
-        float,
+        float | None,
         typer.Option(
-            help="Milliseconds a batch waits for other requests to join (engines that search"
-            " whole batches: CTranslate2)."
+            help="--schedule groups: milliseconds a batch waits for other requests to join"
+            " [default: 20]."
         ),
-    ] = 20.0,
+    ] = None,
     max_queue: Annotated[
         int,
         typer.Option(help="Source tokens x beam that may wait; past it a request gets 503."),
@@ -301,12 +301,12 @@ def serve(
         ),
     ] = 0,
     max_rows: Annotated[
-        int,
+        int | None,
         typer.Option(
-            help="Live rows (sentences x beam) each search worker steps at once; more wait"
-            " to join at a later step."
+            help="--schedule steps: live rows (sentences x beam) each search worker steps at"
+            " once; more wait to join at a later step [default: 256]."
         ),
-    ] = 256,
+    ] = None,
     schedule: Annotated[
         str,
         typer.Option(
@@ -319,14 +319,12 @@ def serve(
 ) -> None:
     """Translate over HTTP: POST /translate {"text": [...], "beam": 5, "to": "en"}, GET /health,
     a page at /."""
-    from cli.commands.serve import Limits, run_serve
+    from cli.commands.serve import Limits, run_serve, schedule_limits
     from cli.inference.decoding import decode_overrides
 
-    if not 0 <= max_wait < float("inf"):  # NaN too
-        raise InputError(f"--max-wait must be 0 or more, got {max_wait}")
+    wait, rows = schedule_limits(schedule, max_wait, max_rows)
     overrides = decode_overrides(beam, False, None, None, set_ or [])
-    limits = Limits(max_lines, max_wait / 1000, max_queue, timeout, workers, max_rows=max_rows,
-                    schedule=schedule)  # fmt: skip
+    limits = Limits(max_lines, wait, max_queue, timeout, workers, max_rows=rows, schedule=schedule)
     run_serve(run, host, port, overrides, device, int8, limits, to, frm)
 
 

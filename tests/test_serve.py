@@ -720,7 +720,10 @@ def engine_with_beam(engine: Engine, beam: int) -> Engine:
         (["--beam", "40"], "error: the server's beam (--beam, decode.beam_size) must be"),
         (["--set", "decode.beam_size=33"], "got 33"),
         (["--max-queue", "0"], "error: --max-queue must be 1 or more, got 0"),
-        (["--max-rows", "0"], "error: --max-rows must be 1 or more, got 0"),
+        (["--schedule", "steps", "--max-rows", "0"], "error: --max-rows must be 1 or more, got 0"),
+        (["--max-rows", "64"], "error: --max-rows is for --schedule steps"),
+        (["--schedule", "steps", "--max-wait", "5"], "error: --max-wait is for --schedule groups"),
+        (["--schedule", "fast"], "error: --schedule must be groups or steps, got 'fast'"),
         (["--timeout", "0"], "error: --timeout must be a number of seconds above 0, got 0.0"),
         (["--max-wait", "nan"], "error: --max-wait must be 0 or more, got nan"),
         (["--max-wait", "1e13"], "error: --max-wait 1e+13 ms must be shorter than --timeout"),
@@ -762,3 +765,23 @@ def test_a_sentence_can_ask_for_a_prefix_and_constraints(engine, trained):
     first, _, third = body["translations"]
     assert first.startswith("And") and "the house" in first
     assert "God" in third and "of Israel" in third
+
+
+def test_tf_serve_refuses_steps_for_a_ctranslate2_directory(trained, tmp_path):
+    """Continuous batching runs tf's own search: a CTranslate2 directory served with it would
+    quietly batch whole groups, so it is refused in one line."""
+    pytest.importorskip("ctranslate2")
+    from typer.testing import CliRunner
+
+    from cli.main import app as cli_app
+
+    target = tmp_path / "ct2"
+    done = CliRunner().invoke(
+        cli_app, ["export", str(trained), "--to", "ctranslate2", "-o", str(target)]
+    )
+    assert done.exit_code == 0, done.output
+    args = ["serve", str(target), "--host", "256.0.0.0", "--schedule", "steps"]
+    done = CliRunner().invoke(cli_app, args)
+    assert done.exit_code == 2, done.output
+    assert "--schedule steps joins requests to a running search" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -14,10 +14,11 @@ from importlib import resources
 
 from cli.device import pick_device, search_workers
 from cli.inference.engines import Engine, load_engine
-from cli.inference.lanes import ThreadWorker
+from cli.inference.lanes import MAX_ROWS, ThreadWorker
 from cli.inference.search_processes import EngineSpec, SearchPool
 from cli.inference.server import Limits, build_app, check_engine, shown_name
 from data.errors import InputError
+from model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +34,31 @@ def engine_kind(engine: Engine, int8: bool) -> str:
     return "pytorch-int8" if int8 else "pytorch"
 
 
+def schedule_limits(
+    schedule: str, max_wait: float | None, max_rows: int | None
+) -> tuple[float, int]:
+    """`--max-wait` (milliseconds, as seconds) and `--max-rows` with their defaults: each
+    belongs to one schedule, and one given to the other would change nothing, so it is
+    refused rather than ignored."""
+    if schedule not in ("groups", "steps"):
+        raise InputError(f"--schedule must be groups or steps, got {schedule!r}")
+    if schedule == "groups" and max_rows is not None:
+        raise InputError("--max-rows is for --schedule steps; groups are bounded by --max-queue")
+    if schedule == "steps" and max_wait is not None:
+        raise InputError("--max-wait is for --schedule groups; with steps a request joins at once")
+    max_wait = DEFAULT_MAX_WAIT_MS if max_wait is None else max_wait
+    if not 0 <= max_wait < float("inf"):  # NaN too
+        raise InputError(f"--max-wait must be 0 or more, got {max_wait}")
+    return max_wait / 1000, MAX_ROWS if max_rows is None else max_rows
+
+
+DEFAULT_MAX_WAIT_MS = 20.0
+
+
 def check_options(port: int, limits: Limits) -> None:
     """The command's own options, each wrong one in one line, before anything loads."""
     if limits.max_lines < 1:
         raise InputError(f"--max-lines must be 1 or more, got {limits.max_lines}")
-    if limits.schedule not in ("groups", "steps"):
-        raise InputError(f"--schedule must be groups or steps, got {limits.schedule!r}")
     if limits.max_rows < 1:
         raise InputError(f"--max-rows must be 1 or more, got {limits.max_rows}")
     if limits.max_queue < 1:
@@ -96,6 +116,11 @@ def run_serve(
     device = pick_device(device_name)
     engine = load_engine(run, device, overrides, int8, to, frm)
     check_engine(engine)  # before any search process loads it again
+    if limits.schedule == "steps" and not isinstance(engine.model, Transformer):
+        raise InputError(
+            f"{run}: --schedule steps joins requests to a running search of one of tf's own "
+            "models; serve a CTranslate2 directory or an ensemble with --schedule groups"
+        )
     check_address(host, port)
     workers, threads = search_workers(device, limits.workers, own_threads=engine.model is None)
     pool, joining = None, None
