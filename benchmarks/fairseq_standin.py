@@ -51,7 +51,12 @@ def train_spm(lines: list[str], out: Path, vocab_size: int, model_type: str) -> 
 
 
 def nllb_tokenizer(
-    out: Path, spm_path: Path, legacy: bool = False, layout: str = "published", ids: int = 0
+    out: Path,
+    spm_path: Path,
+    legacy: bool = False,
+    layout: str = "published",
+    ids: int = 0,
+    without: tuple[str, ...] = (),
 ) -> Path:
     """An NLLB tokenizer saved into `out` (tokenizer.json, tokenizer_config.json, and the
     SentencePiece model, which the hub's folders hold beside them).
@@ -61,6 +66,7 @@ def nllb_tokenizer(
     tokenizer today (<mask> right after the pieces, then the codes). legacy: the sources end
     in `</s> [code]` (`legacy_behaviour`). ids: fill the vocabulary with pieces SentencePiece
     never produces up to this many ids in all (the published 256,204: the embeddings' size).
+    without: language codes left out, as of a model that lacks those languages.
     """
     from transformers import NllbTokenizer
     from transformers.convert_slow_tokenizer import NllbConverter, SentencePieceExtractor
@@ -69,16 +75,17 @@ def nllb_tokenizer(
     converted = SentencePieceExtractor(str(spm_path)).extract(NllbTokenizer.model)
     converted = NllbConverter.convert_from_spm(**converted)
     vocab = dict(converted["vocab"])
-    filler = max(0, ids - len(vocab) - len(NLLB_CODES) - 1)
+    codes = [code for code in NLLB_CODES if code not in without]
+    filler = max(0, ids - len(vocab) - len(codes) - 1)
     vocab |= {f"\u2581unused{i}": len(vocab) + i for i in range(filler)}
     if layout == "published":
-        vocab |= {code: len(vocab) + i for i, code in enumerate(NLLB_CODES)}
+        vocab |= {code: len(vocab) + i for i, code in enumerate(codes)}
         vocab["<mask>"] = len(vocab)
     tokenizer = NllbTokenizer(
         vocab=vocab,
         merges=converted["merges"],
         _spm_precompiled_charsmap=converted["_spm_precompiled_charsmap"],
-        additional_special_tokens=list(NLLB_CODES),
+        additional_special_tokens=codes,
         legacy_behaviour=legacy,
         clean_up_tokenization_spaces=True,  # as the published config says (ignored for BPE)
     )

@@ -376,9 +376,12 @@ class BatchIterator:
     fixed permutation of the corpus that moves on each epoch (a different subset each epoch,
     covering the corpus over epochs). One corpus of weight 1 is the plain case.
 
-    Ranks: the largest batches are split in two until the number of batches divides
-    `world_size`; rank r then takes batches r, r + world_size, ... Every rank gets the same
-    number of batches, and together they cover every example exactly once per epoch.
+    Ranks: the largest batches are split in two until the number of batches divides `split`
+    (by default `world_size`; a training run's is its batches per update over all ranks);
+    rank r then takes batches r, r + world_size, ... Every rank gets the same number of
+    batches, and together they cover every example exactly once per epoch. The plan depends on
+    `split`, not on the world size: a state saved by N ranks resumes in any number of ranks
+    that divides its `split`, at the same place of the same plan (`load_state_dict`).
 
     An example over the budget on its own is not dropped: it gets a batch of its own (filter
     such pairs out beforehand, e.g. with `data.corpus.filter_pairs(max_len=...)`).
@@ -398,6 +401,8 @@ class BatchIterator:
         shuffle: False gives one length-sorted pass in a fixed order (for validation).
         pool_batches: pool size, in (estimated) batches; larger pads less, shuffles less.
         rank, world_size: this process's share of each epoch.
+        split: the epoch's batch count is made a multiple of this (a multiple of world_size;
+            None: world_size).
         corpora: [(rows, weight), ...] of the examples in order (None: one corpus, weight 1).
         pad_multiple: batch width rounded up to a multiple of this (see the module docstring).
         max_width: the model's max_positions: no rounded width goes past it (None: no limit).
@@ -425,6 +430,7 @@ class BatchIterator:
         pad_multiple: int = 1,
         max_width: int | None = None,
         src_pad_id: int | None = None,
+        split: int | None = None,
     ) -> None:
         self.src = src if isinstance(src, (RaggedIds, RaggedConcat)) else RaggedIds.from_lists(src)
         self.tgt = tgt if isinstance(tgt, (RaggedIds, RaggedConcat)) else RaggedIds.from_lists(tgt)
@@ -438,6 +444,9 @@ class BatchIterator:
             raise ValueError(f"pad_multiple must be positive, not {pad_multiple}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
+        split = split or world_size
+        if split % world_size:
+            raise ValueError(f"split {split} is not a multiple of world size {world_size}")
         self.corpora = [(int(n), float(w)) for n, w in corpora or [(len(self.src), 1.0)]]
         if sum(n for n, _ in self.corpora) != len(self.src) or any(w <= 0 for _, w in self.corpora):
             raise ValueError(f"corpora {self.corpora} do not cover {len(self.src)} examples")
@@ -448,7 +457,7 @@ class BatchIterator:
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.src_pad_id = src_pad_id
         self.seed, self.shuffle = seed, shuffle
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.split = rank, world_size, split
         self.epoch = 0
         self.position = 0  # batches of this epoch already yielded to this rank
 
@@ -484,18 +493,33 @@ class BatchIterator:
         return {"epoch": epoch, "position": position, **self._settings()}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Resume at `state` (from `state_dict`).
+        """Resume at `state` (from `state_dict`), saved by this or another number of ranks.
+
+        The plan is the state's (its `split`): the ranks continue it from the batches all of
+        them had taken, shared out among this iterator's `world_size`.
 
         Raises:
             ValueError: the state comes from an iterator with other data or settings (its
-                positions would name other batches).
+                positions would name other batches), or its place in the plan cannot be
+                shared out equally among `world_size` ranks.
         """
         settings = self._settings()
-        keys = (set(settings) | set(state)) - {"epoch", "position"}
+        placement = {"epoch", "position", "rank", "world_size", "split"}
+        keys = (set(settings) | set(state)) - placement
         changed = sorted(key for key in keys if state.get(key) != settings.get(key))
         if changed:
             raise ValueError(f"batch iterator state does not match: {', '.join(changed)} differ")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        saved_world = int(state["world_size"])
+        split = int(state.get("split", saved_world))  # states before `split` cut by world size
+        taken = int(state["position"]) * saved_world  # the plan's batches all ranks had taken
+        if split % self.world_size or taken % self.world_size:
+            raise ValueError(
+                f"its epochs are cut for {saved_world} ranks taking {split} batches together; "
+                f"{self.world_size} ranks cannot share them equally"
+            )
+        if split != self.split:
+            self.split, self._plan = split, None
+        self.epoch, self.position = int(state["epoch"]), taken // self.world_size
         if not 0 <= self.position <= len(self):
             raise ValueError(f"position {self.position} is outside epoch of {len(self)} batches")
 
@@ -513,6 +537,8 @@ class BatchIterator:
             "shuffle": int(self.shuffle),
             "rank": self.rank,
             "world_size": self.world_size,
+            # Only where it differs: a state saved before `split` existed stays what it was.
+            **({"split": self.split} if self.split != self.world_size else {}),
             # Only for a weighted mix: a plain corpus's state stays what it always was.
             **({"corpora": [list(c) for c in self.corpora]} if self._weighted() else {}),
             **({"pad_multiple": self.pad_multiple} if self.pad_multiple > 1 else {}),
@@ -547,7 +573,7 @@ class BatchIterator:
                 max_sentences,
                 self.pad_multiple,
             )
-        batches = _split_until_divisible(batches, self.world_size, self._src_cost, self._tgt_cost)
+        batches = _split_until_divisible(batches, self.split, self._src_cost, self._tgt_cost)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
@@ -604,9 +630,9 @@ def _pool_size(
 
 
 def _split_until_divisible(
-    batches: list[np.ndarray], world_size: int, src_cost: np.ndarray, tgt_cost: np.ndarray
+    batches: list[np.ndarray], split: int, src_cost: np.ndarray, tgt_cost: np.ndarray
 ) -> list[np.ndarray]:
-    """Split the largest batches in two until their number divides `world_size`.
+    """Split the largest batches in two until their number is a multiple of `split`.
 
     Halves of a batch fit its budget, so the split batches still do.
     """
@@ -617,12 +643,13 @@ def _split_until_divisible(
         return len(rows) * int(max(src_cost[rows].max(), tgt_cost[rows].max()))
 
     batches = list(batches)
-    while len(batches) % world_size:
+    while len(batches) % split:
         sizes = [padded_tokens(rows) for rows in batches]
         i = int(np.argmax(sizes))
         if sizes[i] < 0:
             raise ValueError(
-                f"cannot split {len(batches)} examples into equal shares for {world_size} ranks"
+                f"cannot split {len(batches)} examples into a multiple of {split} batches "
+                "(one update's, over all ranks)"
             )
         half = len(batches[i]) // 2
         batches[i : i + 1] = [batches[i][:half], batches[i][half:]]

@@ -68,6 +68,9 @@ class Batching:
     decoder_start: str  # model.decoder_start: the id every target starts from
     rank: int = 0  # this process's share of the batches (torchrun)
     world_size: int = 1
+    # Batches per update on each rank (train.update_freq): an epoch is cut into whole updates
+    # of all ranks, so a run resumes in any number of ranks taking the same batches an update.
+    update_freq: int = 1
 
 
 @dataclass
@@ -225,6 +228,7 @@ def batch_training_data(
         seed=b.seed,
         rank=b.rank,
         world_size=b.world_size,
+        split=b.world_size * b.update_freq,
         corpora=list(zip(kept, weights)),
         pad_multiple=d.pad_multiple,
         max_width=b.max_positions,

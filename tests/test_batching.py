@@ -227,8 +227,61 @@ def test_ranks_split_an_epoch_into_disjoint_equal_shares():
     assert sorted(flat) == list(range(101))
 
 
+def global_plan(iterators) -> list[list[int]]:
+    """The batches of ranks' iterators interleaved: batch r + k * world_size is rank r's k-th."""
+    shares = [indices_of(iterator) for iterator in iterators]
+    return [batch for step in zip(*shares, strict=True) for batch in step]
+
+
+@pytest.mark.parametrize("saved_by, resumed_by", [(4, 1), (4, 2), (2, 1), (1, 2), (2, 4)])
+def test_a_state_saved_by_some_ranks_continues_in_others_over_the_same_plan(saved_by, resumed_by):
+    """A run of 4 batches an update (`split`) resumes in any number of ranks dividing 4: the
+    ranks together take the rest of the same plan, in the same order."""
+    src, tgt = corpus(301)
+    whole = indices_of(make_iterator(src, tgt, split=4))
+    assert len(whole) % 4 == 0 and len(whole) > 12
+    stopped = [
+        make_iterator(src, tgt, rank=r, world_size=saved_by, split=4) for r in range(saved_by)
+    ]
+    taken = 8  # two updates
+    for iterator in stopped:
+        for count, _ in enumerate(iterator, start=1):
+            if count == taken // saved_by:
+                break
+    states = [iterator.state_dict() for iterator in stopped]
+    resumed = [make_iterator(src, tgt, rank=r, world_size=resumed_by) for r in range(resumed_by)]
+    for iterator in resumed:
+        iterator.load_state_dict(states[0])
+    assert global_plan(resumed) == whole[taken:]
+
+
+def test_a_state_from_before_split_continues_its_own_plan():
+    """A run of update_freq 2 saved before `split` existed cut its epochs for its world size:
+    its state has no "split", and resumes that plan, not the one cut in whole updates."""
+    src, tgt = corpus(301)
+    old = make_iterator(src, tgt)
+    old_plan = indices_of(old)
+    assert len(old_plan) % 2 == 1  # else both plans are the same and this proves nothing
+    state = {**old.state_dict(), "epoch": 0, "position": 3}
+    assert "split" not in state
+    resumed = make_iterator(src, tgt, split=2)
+    assert indices_of(make_iterator(src, tgt, split=2)) != old_plan
+    resumed.load_state_dict(state)
+    assert indices_of(resumed) == old_plan[3:]
+
+
+def test_a_state_that_cannot_be_shared_out_is_refused():
+    src, tgt = corpus(301)
+    three = [make_iterator(src, tgt, rank=r, world_size=3) for r in range(3)]
+    next(iter(three[0]))
+    with pytest.raises(ValueError, match="cut for 3 ranks taking 3 batches together; 2 ranks"):
+        make_iterator(src, tgt, rank=0, world_size=2).load_state_dict(three[0].state_dict())
+    with pytest.raises(ValueError, match="multiple of world size"):
+        make_iterator(src, tgt, world_size=2, split=3)
+
+
 def test_too_few_examples_for_the_ranks():
-    with pytest.raises(ValueError, match="3 ranks"):
+    with pytest.raises(ValueError, match="2 examples into a multiple of 3 batches .one update"):
         len(make_iterator([[11]] * 2, [[12]] * 2, world_size=3))
 
 

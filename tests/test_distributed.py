@@ -167,6 +167,19 @@ def test_torchrun_two_processes_write_one_run_and_resume(tmp_path, tiny_prefix):
     assert resumed.returncode == 0, resumed.stderr[-8000:]
     assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 6
 
+    # One process resumes it where it takes the two ranks' batches of an update, said in one line.
+    def alone(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "cli.main", "train", "--resume", str(run), *args]
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+    refused = alone("--set=train.max_steps=7", "--allow-config-change")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "--set train.update_freq=2 --allow-config-change" in refused.stderr
+    more = ("--set=train.max_steps=7", "--set=train.update_freq=2", "--allow-config-change")
+    resumed_alone = alone(*more)
+    assert resumed_alone.returncode == 0, resumed_alone.stderr[-8000:]
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 7
+
     # A checkpoint written by two processes translates in one.
     out = subprocess.run(
         [sys.executable, "-m", "cli.main", "translate", str(run), "--greedy"],

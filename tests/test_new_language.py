@@ -1,7 +1,9 @@
 """A language a pretrained model lacks, added by fine-tuning (`data.new_languages`, issue 58):
 the NLLB-200 stand-in (`benchmarks.fairseq_standin`, as tests/test_many_end_to_end.py builds
-it) tuned on spa_Latn -> xyz_Latn (the fixture's English side relabelled) gets xyz_Latn at the
-next id, every old id and row unchanged, and its exports carry it; a tf multilingual run gets a
+it) with ast_Latn (Asturian) left out of its tokenizer stands in for a model that lacks it;
+tuned on spa_Latn -> ast_Latn (the fixture's English side relabelled) it gets ast_Latn at the
+next id, every old id and row unchanged, and its exports carry it (a code transformers'
+`NllbTokenizer` lists among its own, at another id); a tf multilingual run gets a
 new `<2xx>` token; LoRA trains the new rows alone; bad settings are one line, nothing written.
 """
 
@@ -16,26 +18,36 @@ import torch
 from test_cli import assert_user_error, tf
 from test_import import quiet_transformers
 
-from benchmarks.fairseq_standin import make_model_standin, nllb_tokenizer, train_spm
+from benchmarks.fairseq_standin import (
+    make_model_standin,
+    mbart50_tokenizer,
+    nllb_tokenizer,
+    train_spm,
+)
 from benchmarks.marian_standin import bundled_lines
-from cli.training.checkpoint import load_checkpoint
+from cli.training.checkpoint import load_checkpoint, load_for_inference
 from data.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
-SPA, XYZ, FRA = "spa_Latn", "xyz_Latn", "fra_Latn"
+SPA, XYZ, FRA = "spa_Latn", "ast_Latn", "fra_Latn"
 FP32 = ("--set", "decode.precision=fp32")
+SEED = 1  # the stand-in's weights: seed 0 translates ast_Latn to mostly empty lines
 EMBEDDINGS = ("src_embed.token.weight", "tgt_embed.token.weight", "generator.weight")
 
 
 @pytest.fixture(scope="module")
 def nllb_run(tmp_path_factory) -> Path:
-    """The NLLB-200 stand-in, imported."""
+    """The NLLB-200 stand-in without ast_Latn, imported."""
     quiet_transformers()
     root = tmp_path_factory.mktemp("nllb")
     src, tgt = bundled_lines(1000)
-    tokenizer = nllb_tokenizer(root / "tokenizer", train_spm(src + tgt, root / "spm", 400, "bpe"))
+    spm = train_spm(src + tgt, root / "spm", 400, "bpe")
+    tokenizer = nllb_tokenizer(root / "tokenizer", spm, without=(XYZ,))
     result = tf(
-        "import", make_model_standin(root / "standin", "nllb", tokenizer), "-o", root / "run"
+        "import",
+        make_model_standin(root / "standin", "nllb", tokenizer, seed=SEED),
+        "-o",
+        root / "run",
     )
     assert result.exit_code == 0, result.output
     return root / "run"
@@ -43,7 +55,7 @@ def nllb_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory, tiny_prefix: str) -> Path:
-    """The fixture's pairs as spa_Latn -> xyz_Latn: train and dev."""
+    """The fixture's pairs as spa_Latn -> ast_Latn: train and dev."""
     root = tmp_path_factory.mktemp("xyz")
     for split, source in (("train", tiny_prefix), ("dev", f"{tiny_prefix}-dev")):
         shutil.copyfile(f"{source}.es", root / f"{split}.{SPA}")
@@ -70,7 +82,7 @@ def settings(corpora: Path, new: str = f"[{{lang: {XYZ}, init: {FRA}}}]", steps:
 
 @pytest.fixture(scope="module")
 def tuned(nllb_run, corpora, tmp_path_factory) -> Path:
-    """The stand-in with xyz_Latn added (its row fra_Latn's), fine-tuned for one update."""
+    """The stand-in with ast_Latn added (its row fra_Latn's), fine-tuned for one update."""
     out = tmp_path_factory.mktemp("tuned") / "run"
     result = tf("train", "finetune", "--init", nllb_run, "--out", out, *settings(corpora, steps=1))
     assert result.exit_code == 0, result.output
@@ -116,11 +128,11 @@ def test_old_rows_are_the_inits_and_the_new_row_is_the_named_ones(nllb_run, tune
         and run["model"]["generator.weight"].shape == start["generator.weight"].shape
     )
     languages = run["config"]["data"]["languages"]
-    assert XYZ in languages and len(languages) == 203
+    assert XYZ in languages and len(languages) == 202  # NLLB-200's 202, one of them new
 
 
 def test_the_new_language_translates_and_exports(tuned, tmp_path):
-    """tf translate --to xyz_Latn; the Hugging Face export's tokenizer and generate(forced_bos)
+    """tf translate --to ast_Latn; the Hugging Face export's tokenizer and generate(forced_bos)
     give the same; CTranslate2's vocabulary is the embeddings' size, and it translates alike."""
     lines = [line for line in bundled_lines(40)[0] if len(line) < 100][:8]
     text = "\n".join(lines) + "\n"
@@ -150,24 +162,39 @@ def test_the_new_language_translates_and_exports(tuned, tmp_path):
     assert engine.stdout == ours.stdout  # CTranslate2, the code as its target prefix
 
 
-def test_lora_trains_the_new_rows_alone(nllb_run, corpora, tmp_path):
-    out = tmp_path / "lora"
-    result = tf("train", "finetune", "--init", nllb_run, "--out", out,
-                *settings(corpora, f"[{{lang: {XYZ}}}]", steps=2),
-                "--set", "train.lora.rank=2", "--set", "train.weight_decay=0",
-                "--set", "train.trainable=[embeddings_of_new_languages]")  # fmt: skip
-    assert result.exit_code == 0, result.output
+def test_lora_trains_the_new_rows_alone_and_keeps_them_alone(nllb_run, corpora, tmp_path):
+    """`embeddings_of_new_languages`: the merged model's old rows are the init's bit for bit,
+    its new row trained; the checkpoints keep that row alone, and its moments (not matrices of
+    256,206 rows), and a resume from them continues exactly."""
+    lora = ("--set", "train.lora.rank=2", "--set", "train.weight_decay=0",
+            "--set", "train.trainable=[embeddings_of_new_languages]")  # fmt: skip
+    args = ("finetune", "--init", nllb_run, *settings(corpora, f"[{{lang: {XYZ}}}]"), *lora)
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert tf("train", *args, "--out", straight, "--set", "train.max_steps=3").exit_code == 0
+    assert tf("train", *args, "--out", stopped, "--set", "train.max_steps=2").exit_code == 0
+    saved = load_checkpoint(stopped / "checkpoints" / "last.pt")
+    width = saved["model"]["src_embed.token.weight"].shape[1]
+    vocab = Tokenizer.load(stopped / "tokenizer").src_vocab_size
+    assert saved["rows"]["src_embed.token.weight"] == vocab - 1
+    assert saved["model"]["src_embed.token.weight"].shape == (1, width)  # (tied: saved once)
+    moments = [m for s in saved["optimizer"]["state"].values() for m in s.values() if m.dim()]
+    assert max(m.shape[0] for m in moments) < vocab  # no moment of a whole embedding matrix
+    more = ("--set", "train.max_steps=3", "--allow-config-change")
+    assert tf("train", "--resume", stopped, *more).exit_code == 0
+
     init = load_checkpoint(nllb_run / "checkpoints" / "last.pt")["model"]
-    run = load_checkpoint(out / "checkpoints" / "last.pt")
-    assert run["step"] == 2
     tok = Tokenizer.load(nllb_run / "tokenizer")
     codes = torch.tensor(sorted(tok.tags.values()))
-    assert "src_embed.token.weight" in run["model"]  # (tied: one matrix, saved once)
-    for name in set(EMBEDDINGS) & set(run["model"]):
-        old, new = init[name], run["model"][name]
-        assert torch.equal(new[:-1], old), name  # frozen, bit for bit
+    weights = {}
+    for run in (straight, stopped):
+        model, _, _ = load_for_inference(run / "checkpoints" / "last.pt", torch.device("cpu"))
+        weights[run] = model.state_dict()
+    for name in EMBEDDINGS:
+        assert torch.equal(weights[straight][name][:-1], init[name]), name  # frozen, bit for bit
     mean = init["src_embed.token.weight"][codes].mean(0)
-    assert not torch.equal(run["model"]["src_embed.token.weight"][-1], mean)  # it trained
+    assert not torch.equal(weights[straight]["src_embed.token.weight"][-1], mean)  # it trained
+    for name, value in weights[straight].items():  # fp32, deterministic: exactly
+        assert torch.equal(weights[stopped][name], value), name
 
 
 @pytest.mark.parametrize(
@@ -302,3 +329,60 @@ def test_tokenizers_that_cannot_grow_are_refused_in_one_line(nllb_run, tmp_path)
     (bare / "tokenizer.json").unlink()
     with pytest.raises(InputError, match="tokenizer.json: missing"):
         check_addable(Tokenizer.load(bare), [XYZ])
+
+
+def test_mbart50_gets_a_new_language_end_to_end(corpora, tmp_path):
+    """mBART-50's codes (`xx_XX`): ast_XX added to the stand-in, `tf translate --to ast_XX`
+    equal to the Hugging Face export's generate(forced_bos) and to its CTranslate2 export."""
+    quiet_transformers()
+    src, tgt = bundled_lines(1000)
+    spm = train_spm(src + tgt, tmp_path / "spm", 400, "unigram")
+    standin = make_model_standin(
+        tmp_path / "standin", "mbart50", mbart50_tokenizer(tmp_path / "tokenizer", spm)
+    )
+    base, run = tmp_path / "base", tmp_path / "run"
+    assert tf("import", standin, "-o", base).exit_code == 0
+    for split in ("train", "dev"):
+        shutil.copyfile(corpora / f"{split}.{SPA}", corpora / f"{split}.es_XX")
+        shutil.copyfile(corpora / f"{split}.{XYZ}", corpora / f"{split}.ast_XX")
+    one = f'corpus: "{corpora}/{{}}", src_lang: es_XX, tgt_lang: ast_XX'
+    rules = [
+        f"data.train=[{{{one.format('train')}}}]",
+        f"data.dev=[{{{one.format('dev')}}}]",
+        "data.new_languages=[{lang: ast_XX, init: fr_XX}]",
+        "data.max_len=200",  # the tiny stand-in learned 256 positions
+        "train.max_steps=1",
+        "train.max_tokens=512",
+        "train.eval_bleu_sentences=4",
+        "train.precision=fp32",
+        "decode.max_len_a=0",
+        "decode.max_len_b=8",
+    ]
+    sets = [x for rule in rules for x in ("--set", rule)]
+    tuned = tf("train", "finetune", "--init", base, "--out", run, *sets)
+    assert tuned.exit_code == 0, tuned.output
+    before, after = Tokenizer.load(base / "tokenizer"), Tokenizer.load(run / "tokenizer")
+    assert after.src_vocabulary()[: before.src_vocab_size] == before.src_vocabulary()
+    code = after.language_id("ast_XX")
+    assert code == before.src_vocab_size
+
+    lines = [line for line in bundled_lines(40)[0] if len(line) < 100][:8]
+    text = "\n".join(lines) + "\n"
+    ours = tf("translate", run, "--from", "es_XX", "--to", "ast_XX", "--greedy", *FP32, input=text)
+    assert ours.exit_code == 0, ours.output
+    assert len(set(ours.stdout.splitlines())) > 2  # outputs that depend on their sources
+    hf = tmp_path / "hf"
+    assert tf("export", run, "--to", "huggingface", "-o", hf).exit_code == 0
+    tokenizer = transformers.AutoTokenizer.from_pretrained(hf, src_lang="es_XX")
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf).eval()
+    assert tokenizer.convert_tokens_to_ids("ast_XX") == code
+    assert model.config.vocab_size == len(tokenizer) == code + 1
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**batch, forced_bos_token_id=code, num_beams=1, do_sample=False)
+    assert tokenizer.batch_decode(out, skip_special_tokens=True) == ours.stdout.splitlines()
+    ct2 = tmp_path / "ct2"
+    assert tf("export", run, "--to", "ctranslate2", "-o", ct2).exit_code == 0
+    engine = tf("translate", ct2, "--from", "es_XX", "--to", "ast_XX", "--greedy", input=text)
+    assert engine.exit_code == 0, engine.output
+    assert engine.stdout == ours.stdout

@@ -1,11 +1,13 @@
-"""`train.shard`: FSDP2 over two Gloo ranks on CPU against DDP over the same batches; its
-checkpoints, ordinary ones, resumed by one process and by two sharded ranks."""
+"""`train.shard`: FSDP2 over two Gloo ranks on CPU against DDP and against one process over
+the same batches; its checkpoints, ordinary ones, resumed by two sharded ranks and by one
+process taking the same batches an update."""
 
 from __future__ import annotations
 
 import copy
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from test_distributed import COMMON, free_port, join, rank_trainer
 from cli.config import ConfigError, load_config
 from cli.training import distributed, shard
 from cli.training.checkpoint import load_checkpoint
-from cli.training.run import RunDir, TrainingError, start_run
+from cli.training.run import RunDir, TrainingError
 from cli.training.trainer import Trainer
 
 STEPS = 3
@@ -24,10 +26,14 @@ STEPS = 3
 # start-from-pad decoder (Marian's), whose pad row of the embeddings `zero_row` holds at zero.
 SETS = ("train.update_freq=2", "train.clip_norm=1.0", "model.decoder_start=pad")
 SETS += ("train.eval_bleu_sentences=4",)
+# One process taking both ranks' batches of an update: 2 ranks x 2 = 1 x 4.
+ONE_PROCESS = "train.update_freq=4"
 # Not bit-exact: DDP all-reduces each gradient whole, FSDP2 reduce-scatters flattened shards
-# and takes the norm as a sum of per-shard squares: the same sums in another order (float
-# addition is not associative). Over 3 fp32 updates that stays within 1e-5.
+# and takes the norm as a sum of per-shard squares, one process sums its four batches' gradients
+# in its own order: the same sums in another order (float addition is not associative). Over
+# 3 fp32 updates that stays within 1e-5.
 RTOL, ATOL = 1e-5, 1e-6
+CPU = torch.device("cpu")
 
 
 def train_steps(rank: int, world_size: int, port: int, prefix: str, run: str, *sets: str) -> None:
@@ -47,7 +53,7 @@ def train_steps(rank: int, world_size: int, port: int, prefix: str, run: str, *s
 
 def resume_sharded(rank: int, world_size: int, port: int, prefix: str, run: str) -> None:
     """Two sharded ranks resume the run: the weights they gather equal the checkpoint's, and
-    one more update trains."""
+    one more update trains; the main rank writes its loss and the weights after it."""
     dd, device = join(rank, world_size, port)
     trainer = Trainer(shard_config(prefix), RunDir(Path(run)), dd, device, resume=True)
     try:
@@ -55,12 +61,13 @@ def resume_sharded(rank: int, world_size: int, port: int, prefix: str, run: str)
         loaded = copy.deepcopy(shard.model_state(trainer.model))
         moments = copy.deepcopy(shard.optimizer_state(trainer.model, trainer.optimizer))
         result = trainer.update(trainer.next_batches())
+        after = shard.model_state(trainer.model)
         if dd.main:
             saved = load_checkpoint(Path(run, "checkpoints", "last.pt"))
             assert_same(loaded, saved["model"])
             assert_same_optimizer(moments, saved["optimizer"])
             assert trainer.progress.step == STEPS and result["loss"] > 0
-            Path(run, "resumed_by_two").touch()
+            torch.save({"loss": result["loss"], "model": after}, Path(run, "resumed_by_two.pt"))
     finally:
         distributed.shutdown(dd)
 
@@ -86,59 +93,80 @@ def assert_same_optimizer(a: dict, b: dict, rtol: float = 0, atol: float = 0) ->
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory, tiny_prefix) -> dict[str, Path]:
-    """The same 3 updates and validation by two DDP ranks and by two sharded ranks."""
+    """The same 3 updates and validation by two DDP ranks, by two sharded ranks, and by one
+    process taking both ranks' batches of each update."""
     runs = {}
-    for name, sets in (("ddp", ()), ("shard", ("train.shard=true",))):
+    for name, world_size, sets in (
+        ("ddp", 2, ()),
+        ("shard", 2, ("train.shard=true",)),
+        ("one", 1, (ONE_PROCESS,)),
+    ):
         runs[name] = tmp_path_factory.mktemp("shard") / name
-        args = (2, free_port(), tiny_prefix, str(runs[name]), *sets)
-        mp.spawn(train_steps, args, nprocs=2)
+        args = (world_size, free_port(), tiny_prefix, str(runs[name]), *sets)
+        mp.spawn(train_steps, args, nprocs=world_size)
     return runs
 
 
-def test_sharded_ranks_train_as_ddp_ranks(two_runs):
-    ddp, sharded = (json.loads(Path(two_runs[n], "losses.json").read_text()) for n in two_runs)
-    assert ddp == pytest.approx(sharded, rel=RTOL)
-    assert len(set(ddp)) == STEPS  # the updates changed the model
-    a, b = (load_checkpoint(two_runs[n] / "checkpoints" / "last.pt") for n in two_runs)
-    # Ordinary checkpoints: full weights, the plain optimizer state, equal to DDP's.
+def losses_of(run: Path) -> list[float]:
+    return json.loads(Path(run, "losses.json").read_text())
+
+
+@pytest.mark.parametrize("other", ["ddp", "one"])
+def test_sharded_ranks_train_as_ddp_ranks_and_as_one_process(two_runs, other):
+    sharded, reference = losses_of(two_runs["shard"]), losses_of(two_runs[other])
+    assert sharded == pytest.approx(reference, rel=RTOL)
+    assert len(set(sharded)) == STEPS  # the updates changed the model
+    a, b = (load_checkpoint(two_runs[n] / "checkpoints" / "last.pt") for n in (other, "shard"))
+    # Ordinary checkpoints: full weights, the plain optimizer state, equal to the reference's.
     assert_same(b["model"], a["model"], RTOL, ATOL)
     assert_same_optimizer(b["optimizer"], a["optimizer"], RTOL, ATOL)
-    # The validation decoded the gathered model as DDP's rank 0 decoded its own.
+    # The validation decoded the gathered model as the reference decoded its own.
     dev = [
         json.loads(Path(two_runs[n], "metrics.jsonl").read_text().splitlines()[-1])
-        for n in two_runs
+        for n in (other, "shard")
     ]
     assert dev[1]["dev_loss"] == pytest.approx(dev[0]["dev_loss"], rel=RTOL)
     assert dev[1]["dev_bleu"] == dev[0]["dev_bleu"]
 
 
-def test_a_sharded_checkpoint_continues_in_two_sharded_ranks(two_runs, tiny_prefix):
-    run = two_runs["shard"]
+@pytest.fixture(scope="module")
+def resumed_by_two(two_runs, tiny_prefix, tmp_path_factory) -> dict:
+    """The sharded run's checkpoint resumed by two sharded ranks for one update (in a copy:
+    a resume rewrites the run's metrics)."""
+    run = tmp_path_factory.mktemp("resumed") / "shard"
+    shutil.copytree(two_runs["shard"], run)
     mp.spawn(resume_sharded, (2, free_port(), tiny_prefix, str(run)), nprocs=2)
-    assert (run / "resumed_by_two").exists()
+    return torch.load(run / "resumed_by_two.pt")
 
 
-def test_a_sharded_checkpoint_loads_in_one_process(two_runs, tiny_prefix, tmp_path, caplog):
-    """Weights and optimiser load exactly in one process (shard on: nothing to shard), and the
-    training continues from them. `--resume` itself keeps today's rule for DDP checkpoints: each
-    rank's batch iterator continues its own share, so the world size must match."""
-    saved = load_checkpoint(two_runs["shard"] / "checkpoints" / "last.pt")
-    config = shard_config(tiny_prefix)
-    start_run(config, tmp_path / "one", force=True)
-    with caplog.at_level(logging.INFO, logger="cli.training.shard"):
-        trainer = Trainer(config, RunDir(tmp_path / "one"), distributed.Dist(), torch.device("cpu"))
-    assert "nothing to shard" in caplog.text
+def test_a_sharded_checkpoint_continues_in_two_sharded_ranks(resumed_by_two):
+    assert resumed_by_two["loss"] > 0
+
+
+def test_a_sharded_checkpoint_resumes_in_one_process_over_the_same_batches(
+    two_runs, resumed_by_two, tiny_prefix, tmp_path, caplog
+):
+    """`--resume` in one process taking both ranks' batches an update: the weights and the
+    optimiser load exactly (shard on: nothing to shard), and the next update takes the batches
+    the two ranks took, to the same loss and weights."""
+    run = tmp_path / "shard"
+    shutil.copytree(two_runs["shard"], run)
+    saved = load_checkpoint(run / "checkpoints" / "last.pt")
+    with pytest.raises(TrainingError, match="written by 2 processes taking 4 batches an upd") as e:
+        Trainer(shard_config(tiny_prefix), RunDir(run), distributed.Dist(), CPU, True)
+    assert "--set train.update_freq=4 " in str(e.value) and "\n" not in str(e.value)
+
+    config = shard_config(tiny_prefix, ONE_PROCESS)
+    with caplog.at_level(logging.INFO, logger="cli.training"):
+        trainer = Trainer(config, RunDir(run), distributed.Dist(), CPU, resume=True)
+    assert "nothing to shard" in caplog.text and "resuming 2 processes' run in 1" in caplog.text
     assert not shard.is_sharded(trainer.model) and trainer.net is trainer.model
-    shard.load_model_state(trainer.model, saved["model"])
-    shard.load_optimizer_state(trainer.model, trainer.optimizer, saved["optimizer"])
     assert_same(trainer.model.state_dict(), saved["model"])
     assert_same_optimizer(trainer.optimizer.state_dict(), saved["optimizer"])
-    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    assert trainer.update(trainer.next_batches())["loss"] > 0
-    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    result = trainer.update(trainer.next_batches())
     trainer.close()
-    with pytest.raises(TrainingError, match="written by 2 processes"):
-        Trainer(config, RunDir(two_runs["shard"]), distributed.Dist(), torch.device("cpu"), True)
+    assert result["loss"] == pytest.approx(resumed_by_two["loss"], rel=RTOL)
+    assert_same(trainer.model.state_dict(), resumed_by_two["model"], RTOL, ATOL)
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ def batching(config: Config, dd: distributed.Dist) -> Batching:
         decoder_start=config.model.decoder_start,
         rank=dd.rank,
         world_size=dd.world_size,
+        update_freq=t.update_freq,
     )
 
 

@@ -111,6 +111,16 @@ def adapt(
     return freeze_for_lora(model, config.train.trainable, new_rows)
 
 
+def trained_rows(model: torch.nn.Module, config: Config, tokenizer: BaseTokenizer) -> dict:
+    """{parameter name: its first row that trains} where only the new languages' rows of a
+    matrix train (`embeddings_of_new_languages`); {} otherwise. The checkpoints keep those rows
+    alone, and their moments: the others never move (their gradient is zeroed, and Adam
+    without weight decay leaves such a row and its zero moments as they are)."""
+    if "embeddings_of_new_languages" not in config.train.trainable:
+        return {}
+    return first_new_rows(model, tokenizer, config.data)
+
+
 def hold_frozen(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
     """The frozen matrices of `model`'s layers held in `dtype`, the precision autocast trains
     in (bf16, fp16; None: as they are). Autocast casts them to it for every matmul anyway, so
@@ -142,6 +152,12 @@ def load_adapted(model: torch.nn.Module, ckpt: dict[str, Any], path: Path) -> No
     if unexpected or set(missing) - set(trained):
         wrong = unexpected or sorted(set(missing) - set(trained))
         raise CheckpointError(f"{base_path(path)}: weights that do not fit the model ({wrong[0]})")
+    rows = ckpt.get("rows", {})
+    weights = model.state_dict()
+    with torch.no_grad():
+        for name in set(rows) & set(trained):  # the rows that trained, over the base's
+            weights[name][rows[name] :].copy_(trained[name])
+    trained = {k: v for k, v in trained.items() if k not in rows}
     missing, unexpected = model.load_state_dict(trained, strict=False)
     if unexpected:
         raise CheckpointError(f"{path}: adapters that do not fit the model ({unexpected[0]})")
@@ -155,10 +171,49 @@ def load_merged(model: torch.nn.Module, ckpt: dict[str, Any], path: Path, config
     merge_lora(model)
 
 
-def trained_state(model: torch.nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
-    """What an adapted run's checkpoint keeps of `model`: the tensors that train."""
+def trained_state(
+    model: torch.nn.Module, names: list[str], rows: dict[str, int]
+) -> dict[str, torch.Tensor]:
+    """What an adapted run's checkpoint keeps of `model`: the tensors that train, of a matrix
+    whose new rows alone train (`trained_rows`) those rows (a copy: a view would save the
+    whole matrix)."""
     keep = set(names)
-    return {k: v for k, v in model.state_dict(keep_vars=False).items() if k in keep}
+    return {
+        k: v[rows[k] :].clone() if k in rows else v
+        for k, v in model.state_dict(keep_vars=False).items()
+        if k in keep
+    }
+
+
+def trained_moments(state: dict[str, Any], names: list[str], rows: dict[str, int]) -> dict:
+    """A plain `torch.optim` state dict (parameters numbered as `names`) with the moments of
+    `rows`' matrices cut to the rows that train: every other row's are zero."""
+    cut = {i: rows[n] for i, n in enumerate(names) if n in rows}
+    moments = {
+        i: {k: v[cut[i] :].clone() if i in cut and v.dim() else v for k, v in s.items()}
+        for i, s in state["state"].items()
+    }
+    return {**state, "state": moments}
+
+
+def whole_moments(
+    state: dict[str, Any], params: list[torch.Tensor], names: list[str], rows: dict
+) -> dict:
+    """`trained_moments`' state with each cut moment whole again: zeros, then its rows."""
+    moments = {}
+    for i, s in state["state"].items():
+        first = rows.get(names[i])
+        if first is None:
+            moments[i] = s
+            continue
+        moments[i] = {}
+        for k, v in s.items():
+            if v.dim():
+                whole = v.new_zeros(params[i].shape)
+                whole[first:] = v
+                v = whole
+            moments[i][k] = v
+    return {**state, "state": moments}
 
 
 def check_resume(ckpt: dict[str, Any], config: Config, path: Path) -> None:

@@ -163,6 +163,7 @@ class Trainer:
             self.load_init_weights(t.init)
         # LoRA: adapters on the model, the rest frozen; the optimizer holds what trains.
         self.trained = lora.adapt(self.model, config, self.tokenizer) if t.lora.rank else []
+        self.rows = lora.trained_rows(self.model, config, self.tokenizer) if t.lora.rank else {}
         self.model.to(self.device)
         shard.shard_model(self.model, t.shard, dd, device)  # before the optimizer: it holds them
         self.dtype = autocast_dtype(t.precision, self.device)
@@ -254,10 +255,13 @@ class Trainer:
         # "model" is what inference, export and `train.init` read; with a weight average on,
         # the trained weights go under "train_model" for a resume.
         trained = {"train_model": self.model.state_dict()} if self.average else {}
+        optimizer = shard.optimizer_state(self.model, self.optimizer)
         if self.base:  # a LoRA run keeps what trains, and the record of its base
-            trained = {"base": self.base}
+            trained = {"base": self.base, **({"rows": self.rows} if self.rows else {})}
+            names = shard.parameter_names(self.model, self.optimizer)
+            optimizer = lora.trained_moments(optimizer, names, self.rows)
         weights = (
-            lora.trained_state(self.model, self.trained)
+            lora.trained_state(self.model, self.trained, self.rows)
             if self.base
             else shard.model_state(self.model_of_record)
         )
@@ -265,7 +269,7 @@ class Trainer:
             "format": FORMAT,
             "model": weights,
             **trained,
-            "optimizer": shard.optimizer_state(self.model, self.optimizer),
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "step": p.step,
@@ -314,11 +318,7 @@ class Trainer:
                 f"{path}: an imported model, not a training run to resume; fine-tune it with "
                 f"tf train configs/finetune.yaml --init {self.run.path} --out NEW_RUN"
             )
-        if ckpt.get("world_size", 1) != self.dist.world_size:
-            raise TrainingError(
-                f"{path}: written by {ckpt.get('world_size')} processes; resume "
-                f"with the same number (now {self.dist.world_size})"
-            )
+        self.check_world_size(ckpt, path)
         if ckpt.get("tokenizer_digest") != self.tokenizer.digest():
             raise TrainingError(
                 f"{path}: was trained with another tokenizer than {self.run.tokenizer}"
@@ -332,7 +332,12 @@ class Trainer:
             shard.load_model_state(self.model, ckpt.get("train_model", ckpt["model"]))
         if self.average:  # a run without one starts its average from the trained weights
             self.average.model.load_state_dict(ckpt["model"])
-        shard.load_optimizer_state(self.model, self.optimizer, ckpt["optimizer"])
+        optimizer = ckpt["optimizer"]
+        if ckpt.get("rows"):  # moments of the rows that trained: the others' are zero
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            names = shard.parameter_names(self.model, self.optimizer)
+            optimizer = lora.whole_moments(optimizer, params, names, ckpt["rows"])
+        shard.load_optimizer_state(self.model, self.optimizer, optimizer)
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.progress = Progress(**ckpt["progress"])  # the budget schedules read it
         self.clock = self.progress.elapsed
@@ -345,15 +350,40 @@ class Trainer:
         )
         if self.scaler.is_enabled() and ckpt["scaler"]:  # empty when the run was not fp16
             self.scaler.load_state_dict(ckpt["scaler"])
-        mine = ckpt["ranks"][self.dist.rank]
-        try:
-            self.data.train.load_state_dict(mine["iterator"])
+        ranks = ckpt["ranks"]
+        try:  # every rank had taken as many batches: rank 0's place is every rank's
+            self.data.train.load_state_dict(ranks[0]["iterator"])
         except ValueError as e:
             raise TrainingError(f"{path}: cannot continue its batches: {e}") from None
-        set_rng_state(mine["rng"], self.device)
+        if self.dist.rank < len(ranks):
+            set_rng_state(ranks[self.dist.rank]["rng"], self.device)
+        else:  # a rank the run did not have: its dropout draws a stream of its own
+            torch.manual_seed(self.config.train.seed + self.dist.rank + ckpt["step"])
         self.start_batches()
         self.open_metrics(ckpt["step"])
         log.info("resumed from %s at step %d", path, ckpt["step"])
+
+    def check_world_size(self, ckpt: dict[str, Any], path: Path) -> None:
+        """A run resumes in another number of processes where its updates take the same
+        batches: N ranks x update_freq F continue as M ranks x (N x F / M). The weights and the
+        optimiser's state are whole in every checkpoint (sharded or not); the batches are one
+        plan, cut for N x F batches an update (`BatchIterator.load_state_dict`)."""
+        saved, now = ckpt.get("world_size", 1), self.dist.world_size
+        if saved == now:
+            return
+        per_update = saved * ckpt["config"]["train"]["update_freq"]
+        if per_update % now:
+            raise TrainingError(
+                f"{path}: written by {saved} processes taking {per_update} batches an update; "
+                f"resume in a number of processes that divides {per_update} (now {now})"
+            )
+        if now * self.config.train.update_freq != per_update:
+            raise TrainingError(
+                f"{path}: written by {saved} processes taking {per_update} batches an update; "
+                f"in {now} resume with --set train.update_freq={per_update // now} "
+                "--allow-config-change to take the same batches"
+            )
+        log.info("resuming %d processes' run in %d", saved, now)
 
     # -- one update
 
