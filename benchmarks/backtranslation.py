@@ -188,8 +188,13 @@ def quality(synthetic: Path, real: Path) -> dict:
 
 def evaluate(run_dir: Path, split: str) -> dict:
     """`tf eval RUN` on the bundled `split` (the recipe's beam and length penalty)."""
+    return evaluate_files(run_dir, BUNDLED / f"{split}.es", BUNDLED / f"{split}.en")
+
+
+def evaluate_files(run_dir: Path, src: Path, ref: Path) -> dict:
+    """`tf eval RUN --src SRC --ref REF --json`, as a user runs it."""
     command = [sys.executable, "-m", "cli.main", "eval", str(run_dir), "--json"]
-    command += ["--src", str(BUNDLED / f"{split}.es"), "--ref", str(BUNDLED / f"{split}.en")]
+    command += ["--src", str(src), "--ref", str(ref)]
     done = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
     return json.loads(done.stdout)
 

@@ -14,6 +14,9 @@ sets; wall seconds and the peak resident memory of its `tf train` process are re
 Results: bench-out/lora-quality/results.json; a second invocation keeps what the first made.
 
     python -m benchmarks.lora_quality [--updates 600] [--ranks 8,32]
+        [--pretrain-steps 2000] [--lines N] [--out bench-out]
+
+`--lines N` scores the first N lines of each set only (a test's tiny run).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import time
 from pathlib import Path
 
 from benchmarks import backtranslation
+from benchmarks.backtranslation import BUNDLED
 from benchmarks.common import OUT, ROOT, cpu_name, print_table
 
 FINETUNE = ROOT / "configs" / "finetune.yaml"
@@ -44,19 +48,27 @@ def timed_tf(*args: str) -> tuple[float, float]:
     return time.perf_counter() - started, usage.ru_maxrss / 1e6  # ru_maxrss is in KB on Linux
 
 
-def run(updates: int = 600, ranks: tuple[int, ...] = (8, 32), out: Path = OUT) -> dict:
-    halves = backtranslation.results_dir(PRETRAIN_STEPS, ())
+def run(
+    updates: int = 600,
+    ranks: tuple[int, ...] = (8, 32),
+    out: Path = OUT,
+    pretrain_steps: int = PRETRAIN_STEPS,
+    lines: int = 0,
+) -> dict:
+    # benchmarks.backtranslation's folder for this budget (its run A), under `out`
+    halves = out / backtranslation.results_dir(pretrain_steps, ()).name
     backtranslation.split(halves)
     pretrained = halves / "forward-A"
-    backtranslation.train(pretrained, PRETRAIN_STEPS, (), f"data.train={halves / 'half-a'}")
+    backtranslation.train(pretrained, pretrain_steps, (), f"data.train={halves / 'half-a'}")
     home = out / "lora-quality"
     home.mkdir(parents=True, exist_ok=True)
     saved = home / "results.json"
     results: dict = json.loads(saved.read_text()) if saved.is_file() else {}
     results.update(cpu=cpu_name(), updates=updates, pretrained=str(pretrained))
     results.setdefault("runs", {})
+    scored = {split: scored_lines(split, lines, home) for split in ("dev", "test")}
     if "pretrained" not in results["runs"]:
-        results["runs"]["pretrained"] = scores(pretrained)
+        results["runs"]["pretrained"] = scores(pretrained, scored)
     runs = {"full": ["train.lr=5e-4"]}
     runs |= {f"lora-{r}": ["train.lr=2e-3", f"train.lora.rank={r}"] for r in ranks}
     for name, sets in runs.items():
@@ -71,7 +83,7 @@ def run(updates: int = 600, ranks: tuple[int, ...] = (8, 32), out: Path = OUT) -
         )  # fmt: skip
         checkpoint = run_dir / "checkpoints" / "last.pt"
         results["runs"][name] = {
-            **scores(run_dir),
+            **scores(run_dir, scored),
             "train_seconds": seconds,
             "peak_rss_gb": rss,
             "checkpoint_mb": checkpoint.stat().st_size / 1e6,
@@ -81,8 +93,22 @@ def run(updates: int = 600, ranks: tuple[int, ...] = (8, 32), out: Path = OUT) -
     return results
 
 
-def scores(run_dir: Path) -> dict:
-    dev, test = (backtranslation.evaluate(run_dir, split) for split in ("dev", "test"))
+def scored_lines(split: str, lines: int, home: Path) -> tuple[Path, Path]:
+    """The bundled `split`'s source and reference files, or copies of their first `lines`."""
+    src, ref = BUNDLED / f"{split}.es", BUNDLED / f"{split}.en"
+    if not lines:
+        return src, ref
+    copies = []
+    for path in (src, ref):
+        copy = home / f"{split}-{lines}{path.suffix}"
+        with path.open(encoding="utf-8") as f:
+            copy.write_text("".join(f.readline() for _ in range(lines)), encoding="utf-8")
+        copies.append(copy)
+    return copies[0], copies[1]
+
+
+def scores(run_dir: Path, sets: dict[str, tuple[Path, Path]]) -> dict:
+    dev, test = (backtranslation.evaluate_files(run_dir, *sets[split]) for split in ("dev", "test"))
     return {
         "dev_bleu": dev["bleu"],
         "dev_chrf": dev["chrf"],
@@ -109,5 +135,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=600)
     parser.add_argument("--ranks", default="8,32")
+    parser.add_argument("--pretrain-steps", type=int, default=PRETRAIN_STEPS)
+    parser.add_argument("--lines", type=int, default=0, help="score the first N lines only")
+    parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(sys.argv[1:])
-    print_results(run(args.updates, tuple(int(r) for r in args.ranks.split(","))))
+    ranks = tuple(int(r) for r in args.ranks.split(","))
+    print_results(run(args.updates, ranks, args.out, args.pretrain_steps, args.lines))

@@ -392,3 +392,17 @@ def test_a_users_run_is_decoded_only_if_it_holds_the_configs_model(tmp_path, mon
         got = decode_bench.default_run(tmp_path / "out", "tiny", ())
         assert got == (expected or tmp_path / "out" / "tiny")
     assert trained_anew == [tmp_path / "out" / "tiny"]  # trained once: for the other model
+
+
+def test_lora_quality_runs_as_the_readme_shows_at_a_tiny_size(tmp_path, capsys):
+    """`python -m benchmarks.lora_quality`: pretraining on half the pairs, full and LoRA
+    fine-tuning on the other half, each scored; 2 updates each, 4 lines scored."""
+    from benchmarks import lora_quality
+
+    results = lora_quality.run(updates=2, ranks=(2,), out=tmp_path, pretrain_steps=2, lines=4)
+    assert set(results["runs"]) == {"pretrained", "full", "lora-2"}
+    full, lora = results["runs"]["full"], results["runs"]["lora-2"]
+    assert lora["checkpoint_mb"] < full["checkpoint_mb"] / 10  # the adapters alone
+    assert all(0 <= r["test_bleu"] <= 100 for r in results["runs"].values())
+    lora_quality.print_results(results)
+    assert "lora-2" in capsys.readouterr().out
