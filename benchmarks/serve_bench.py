@@ -47,9 +47,10 @@ def run(
     out: Path = OUT,
     ab: bool = False,
     schedule: str = "groups",
+    workers: int = 0,
 ) -> dict:
     """Every engine, precision, load and number of clients, for one model (`tf serve
-    --schedule SCHEDULE`). At each number of
+    --schedule SCHEDULE --workers WORKERS`, 0: its default). At each number of
     clients every sentence of the load is sent once.
 
     Returns:
@@ -76,7 +77,9 @@ def run(
         }
         results["translate"][precision] = reference
         for engine, path in engines_for(run_dir, peer, precision, device, notes).items():
-            figures, checked = under_server(path, loads, clients, device, precision, ab, schedule)
+            figures, checked = under_server(
+                path, loads, clients, device, precision, ab, schedule, workers
+            )
             for name, by_clients in figures.items():
                 for s in by_clients.values():
                     s["vs_translate"] = s["requests_per_s"] / reference[name]
@@ -184,10 +187,11 @@ def under_server(
     precision: str,
     ab: bool,
     schedule: str = "groups",
+    workers: int = 0,
 ) -> tuple[dict, dict | None]:
     """One `tf serve PATH --set decode.precision=PRECISION` under every load and number of
     clients ({load: {clients: figures}}), and ApacheBench's figures with `ab`."""
-    with served(path, device, [f"decode.precision={precision}"], schedule) as port:
+    with served(path, device, [f"decode.precision={precision}"], schedule, workers) as port:
         post(port, loads["varied"][:1])  # the first search warms the model up
         figures = {
             name: {n: under_load(port, load, n) for n in clients} for name, load in loads.items()
@@ -198,7 +202,7 @@ def under_server(
 
 @contextmanager
 def served(
-    path: Path, device: str, overrides: list[str], schedule: str = "groups"
+    path: Path, device: str, overrides: list[str], schedule: str = "groups", workers: int = 0
 ) -> Iterator[int]:
     """`tf serve PATH --set ...` on a free loopback port, until the block ends; yields the port."""
     with socket.socket() as s:
@@ -206,7 +210,7 @@ def served(
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "cli.main", "serve", str(path), "--port", str(port)]
     command += ["--device", device, "--max-queue", str(1 << 24), "--timeout", "600"]
-    command += ["--schedule", schedule]
+    command += ["--schedule", schedule, "--workers", str(workers)]
     command += [arg for item in overrides for arg in ("--set", item)]
     proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
@@ -339,13 +343,14 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--ab", action="store_true", help="ApacheBench too (`ab` on PATH)")
     parser.add_argument("--schedule", choices=("groups", "steps"), default="groups")
+    parser.add_argument("--workers", type=int, default=0, help="tf serve --workers (0: its own)")
     args = parser.parse_args()
     if not set(args.precisions) <= {"fp32", "bf16"}:
         parser.error(f"--precisions {','.join(args.precisions)}: fp32, bf16 or both")
     run_dir = args.run or default_run()
     sentences = source_sentences(args.sentences)
     r = run(run_dir, sentences, args.clients, args.device, args.precisions, ab=args.ab,
-            schedule=args.schedule)  # fmt: skip
+            schedule=args.schedule, workers=args.workers)  # fmt: skip
     print_results(r)
 
 

@@ -149,6 +149,37 @@ def test_a_long_running_search_forgets_old_columns_and_old_sentences(engine, sou
         assert_same(answers[k][1][0], alone(engine, sources[k % len(sources)], decode))
 
 
+def test_new_sentences_are_written_into_room_and_attention_fits_the_live_sources(engine, sources):
+    """Admission writes a sentence's cross-attention keys into the cache's spare rows (the
+    tables grow by doubling, not at every admission), and once the longest source leaves,
+    cross-attention narrows to the live ones' width. Every answer equals its search alone."""
+    decode = replace(engine.config.decode, beam_size=2, max_len_a=0, max_len_b=8)
+    scheduler = Scheduler(engine, torch.device("cpu"))
+    by_length = sorted(sources, key=len)
+    longest, short = by_length[-1], by_length[:12]
+    assert len(longest) > 4 / 3 * (len(short[-1]) + 8)  # past what the short ones need
+    requests = [(0, [longest], decode, None)]
+    requests += [(k, [ids], decode, None) for k, ids in enumerate(short, start=1)]
+    answers, tables, widths = {}, set(), []
+    while requests or scheduler.busy:
+        if requests:
+            scheduler.submit(*requests.pop(0))
+        for event in scheduler.events():
+            if event[0] == "done":
+                answers[event[1]] = event[2:]
+        lane = next(iter(scheduler.lanes.values()))
+        if lane.cache is not None:
+            room = lane.cache.room
+            tables.add(None if room is None else room[0].keys.data_ptr())
+            widths.append((0 not in answers, lane.cache.cross_attn[0].keys.size(2)))
+    assert len(tables - {None}) <= 5  # 13 admissions, a few tables: doubled, and narrowed once
+    with_longest = [w for live, w in widths if live]
+    after = [w for live, w in widths if not live]
+    assert min(with_longest) >= len(longest) and after and max(after) <= len(short[-1]) + 8
+    for k, ids in enumerate([longest, *short]):
+        assert_same(answers[k][1][0], alone(engine, ids, decode))
+
+
 def test_a_request_that_fails_fails_alone(engine, sources):
     decode = engine.config.decode
     scheduler = Scheduler(engine, torch.device("cpu"))

@@ -128,6 +128,7 @@ class Lane:
             shift = self.search.forget()
             if shift:
                 self.cache.drop_columns(shift)
+            self.cache.fit_source()  # the longest live source's width, not the longest seen
         done, self.search.done = self.search.done, []
         return done
 
