@@ -573,7 +573,9 @@ class BatchIterator:
                 max_sentences,
                 self.pad_multiple,
             )
-        batches = _split_until_divisible(batches, self.split, self._src_cost, self._tgt_cost)
+        batches = _split_until_divisible(
+            batches, self.split, self.world_size, self._src_cost, self._tgt_cost
+        )
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
@@ -630,11 +632,20 @@ def _pool_size(
 
 
 def _split_until_divisible(
-    batches: list[np.ndarray], split: int, src_cost: np.ndarray, tgt_cost: np.ndarray
+    batches: list[np.ndarray],
+    split: int,
+    world_size: int,
+    src_cost: np.ndarray,
+    tgt_cost: np.ndarray,
 ) -> list[np.ndarray]:
-    """Split the largest batches in two until their number is a multiple of `split`.
+    """Split the largest batches in two until their number is a multiple of `split`, or of
+    `world_size` where an epoch has too few examples for that (fewer than one update takes:
+    its updates then run across epochs, as they did before `split`).
 
     Halves of a batch fit its budget, so the split batches still do.
+
+    Raises:
+        ValueError: fewer examples than ranks.
     """
 
     def padded_tokens(rows: np.ndarray) -> int:
@@ -642,14 +653,16 @@ def _split_until_divisible(
             return -1  # cannot be split
         return len(rows) * int(max(src_cost[rows].max(), tgt_cost[rows].max()))
 
+    examples = sum(len(rows) for rows in batches)
+    if examples < -(-len(batches) // split) * split:  # no multiple of `split` within reach
+        split = world_size
     batches = list(batches)
     while len(batches) % split:
         sizes = [padded_tokens(rows) for rows in batches]
         i = int(np.argmax(sizes))
         if sizes[i] < 0:
             raise ValueError(
-                f"cannot split {len(batches)} examples into a multiple of {split} batches "
-                "(one update's, over all ranks)"
+                f"cannot split {len(batches)} examples into equal shares for {world_size} ranks"
             )
         half = len(batches[i]) // 2
         batches[i : i + 1] = [batches[i][:half], batches[i][half:]]

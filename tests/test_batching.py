@@ -280,8 +280,15 @@ def test_a_state_that_cannot_be_shared_out_is_refused():
         make_iterator(src, tgt, world_size=2, split=3)
 
 
+def test_an_epoch_smaller_than_an_update_is_cut_for_the_ranks_alone():
+    """3 pairs and 4 batches an update: no multiple of 4 is within reach, so the epoch is
+    cut as it was before `split` (its updates run across epochs), not refused."""
+    batches = indices_of(make_iterator([[11]] * 3, [[12]] * 3, max_tokens=64, split=4))
+    assert sorted(i for b in batches for i in b) == [0, 1, 2]
+
+
 def test_too_few_examples_for_the_ranks():
-    with pytest.raises(ValueError, match="2 examples into a multiple of 3 batches .one update"):
+    with pytest.raises(ValueError, match="3 ranks"):
         len(make_iterator([[11]] * 2, [[12]] * 2, world_size=3))
 
 

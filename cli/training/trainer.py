@@ -257,7 +257,9 @@ class Trainer:
         trained = {"train_model": self.model.state_dict()} if self.average else {}
         optimizer = shard.optimizer_state(self.model, self.optimizer)
         if self.base:  # a LoRA run keeps what trains, and the record of its base
-            trained = {"base": self.base, **({"rows": self.rows} if self.rows else {})}
+            trained = {"base": self.base}
+        if self.base and self.rows:  # new languages' rows: those alone, and their moments
+            trained["rows"] = self.rows
             names = shard.parameter_names(self.model, self.optimizer)
             optimizer = lora.trained_moments(optimizer, names, self.rows)
         weights = (
@@ -399,7 +401,10 @@ class Trainer:
         """Stream the training batches from where the iterator stands now."""
         it = self.data.train
         # Where the batches consumed so far leave the iterator (a prefetching thread runs ahead).
-        self.iterator_state = it.state_dict()
+        try:  # (its first epoch is planned here)
+            self.iterator_state = it.state_dict()
+        except ValueError as e:  # fewer pairs than ranks
+            raise TrainingError(f"data.train: {e}") from None
         self.epochs = it.epoch + it.position / len(it)
         self.stop_batches()  # a stream started before (a restore after start) stops first
         self.batch_stream = training_batches(it, prefetch=self.device.type == "cuda")
