@@ -406,3 +406,17 @@ def test_lora_quality_runs_as_the_readme_shows_at_a_tiny_size(tmp_path, capsys):
     assert all(0 <= r["test_bleu"] <= 100 for r in results["runs"].values())
     lora_quality.print_results(results)
     assert "lora-2" in capsys.readouterr().out
+
+
+def test_join_parity_runs_as_the_readme_shows_at_a_tiny_size(trained, capsys):
+    """`python -m benchmarks.join_parity`: each sentence alone, in a batch and joined into a
+    running search; in fp32 the same tokens all three ways."""
+    from benchmarks import join_parity
+
+    lines = decode_bench.source_sentences(12)
+    results = join_parity.run(trained, lines, clients=4, precisions=("fp32",))
+    for pair in ("alone vs batch", "alone vs joined", "batch vs joined"):
+        assert results["fp32"][pair]["differing_lines"] == 0, pair
+        assert results["fp32"][pair]["max_relative_score_diff"] < 1e-4, pair
+    join_parity.print_results(results)
+    assert "alone vs joined" in capsys.readouterr().out
