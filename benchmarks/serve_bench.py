@@ -3,14 +3,15 @@ latency at 1, 8, 32 and 64 concurrent clients, one sentence a request, in fp32 a
 CPU computes it natively) bf16, against a live server on loopback started as a user starts it
 (its own process) and a light client in another (`benchmarks.load_client`: asyncio, it takes
 next to no CPU). Each precision has its reference measured in the same run: the same sentences
-through `tf translate`'s path in one process (`Engine.stream`, in its batches). The peer is
+through `tf translate`'s path in one process (`Engine.stream`, in its batches), before the
+servers start and again after they end, the ratios against the mean of the two. The peer is
 `tf serve` of the same model's CTranslate2 export (`tf export --to ctranslate2`, made once),
 under the same loads, clients and precision. Two loads: one sentence of median length sent
 again and again (the issue's ApacheBench setting), and the test set's sentences, one each.
 `--ab` checks the first load with ApacheBench itself (`ab -c 32`), where `ab` is installed.
 
     python -m benchmarks.serve_bench [--run RUN] [--sentences 300] [--clients 1,8,32,64]
-        [--precisions fp32,bf16] [--ab]
+        [--precisions fp32,bf16] [--ab] [--schedule groups|steps] [--workers N]
 """
 
 from __future__ import annotations
@@ -70,16 +71,24 @@ def run(
     if ab and shutil.which("ab") is None:
         notes.append("--ab: no `ab` on PATH, ApacheBench not run")
         ab = False
+    results["translate_before_after"] = {}
     for precision in results["precisions"]:
-        # Measured before its servers start: the reference has the cores to itself.
-        reference = {
-            name: in_one_process(run_dir, load, device, precision) for name, load in loads.items()
-        }
-        results["translate"][precision] = reference
+        # Measured with the cores to itself, before the servers start and again after they
+        # end: the ratios are against the mean of the two, and both are kept (this machine's
+        # speed moved by up to 1.4x within minutes, which one measurement would not show).
+        before = reference_rates(run_dir, loads, device, precision)
+        served_by: dict = {}
         for engine, path in engines_for(run_dir, peer, precision, device, notes).items():
-            figures, checked = under_server(
-                path, loads, clients, device, precision, ab, schedule, workers
+            # (a CTranslate2 directory is always served in whole groups)
+            how = schedule if engine == "tf" else "groups"
+            served_by[engine] = under_server(
+                path, loads, clients, device, precision, ab, how, workers
             )
+        after = reference_rates(run_dir, loads, device, precision)
+        reference = {name: (before[name] + after[name]) / 2 for name in loads}
+        results["translate"][precision] = reference
+        results["translate_before_after"][precision] = {n: [before[n], after[n]] for n in loads}
+        for engine, (figures, checked) in served_by.items():
             for name, by_clients in figures.items():
                 for s in by_clients.values():
                     s["vs_translate"] = s["requests_per_s"] / reference[name]
@@ -88,6 +97,10 @@ def run(
                 checked["vs_translate"] = checked["requests_per_s"] / reference["same sentence"]
                 results["ab"].setdefault(engine, {})[precision] = checked
     return results
+
+
+def reference_rates(run_dir: Path, loads: dict, device: str, precision: str) -> dict[str, float]:
+    return {name: in_one_process(run_dir, load, device, precision) for name, load in loads.items()}
 
 
 def make_loads(sentences: list[str]) -> dict[str, list[str]]:
@@ -312,6 +325,10 @@ def print_results(r: dict) -> None:
                     rows.append(row(f"{label}, ApacheBench", checked["clients"], checked))
             print(f"\n{load}, {precision} on {r['cpu']}: {r['sentences']} requests of one sentence")
             print_table(rows)
+            spread = r.get("translate_before_after", {}).get(precision, {}).get(load)
+            if spread:  # (results of an earlier version have one measurement)
+                print(f"tf translate before the servers {spread[0]:.1f} sentences/s, after "
+                      f"{spread[1]:.1f}: the ratios are against their mean")  # fmt: skip
 
 
 def row(label: str, clients: int | str, s: dict) -> tuple:

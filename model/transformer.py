@@ -474,7 +474,7 @@ class DecoderCache:
         S = max(self.cross_attn[0].keys.size(2), joining.cross_attn[0].keys.size(2))
         room = self.room
         if room is None or room[0].keys.size(0) < B + b or room[0].keys.size(2) < S:
-            room = self._new_room(max(B + b, 2 * B), S)
+            room = _room(self.cross_attn, max(B + b, 2 * B), S)
         cross = []
         for table, theirs in zip(room, joining.cross_attn, strict=True):
             for spare, new in ((table.keys, theirs.keys), (table.values, theirs.values)):
@@ -486,17 +486,6 @@ class DecoderCache:
         keep = [_pad_keep(c.src_keep, c.cross_attn[0].keys, S) for c in (self, joining)]
         self.self_attn.admit(b * self.group, joining.cross_attn[0].keys.device)
         return DecoderCache(self.self_attn, cross, torch.cat(keep), self.step, self.group, room)
-
-    def _new_room(self, capacity: int, S: int) -> list[KVCache]:
-        """Tables of `capacity` sentences over S >= this cache's source columns, holding its
-        sentences' keys and values first (zeros after their columns)."""
-        room = []
-        for kv in self.cross_attn:
-            B, H, s, d_head = kv.keys.shape
-            keys, values = (t.new_zeros(capacity, H, S, d_head) for t in (kv.keys, kv.values))
-            keys[:B, :, :s], values[:B, :, :s] = kv.keys, kv.values
-            room.append(KVCache(keys, values))
-        return room
 
     def fit_source(self) -> None:
         """Cross-attention over no more source columns than the longest live sentence's
@@ -512,12 +501,8 @@ class DecoderCache:
             return
         B = self.src_keep.size(0)
         capacity = B if self.room is None else self.room[0].keys.size(0)
-        narrow = DecoderCache(
-            self.self_attn,
-            [KVCache(kv.keys[:, :, :need], kv.values[:, :, :need]) for kv in self.cross_attn],
-            None,
-        )
-        self.room = narrow._new_room(capacity, need)
+        narrow = [KVCache(kv.keys[:, :, :need], kv.values[:, :, :need]) for kv in self.cross_attn]
+        self.room = _room(narrow, capacity, need)
         self.cross_attn = [KVCache(r.keys[:B], r.values[:B]) for r in self.room]
         self.src_keep = self.src_keep[..., :need].contiguous()
 
@@ -525,6 +510,19 @@ class DecoderCache:
         """Forget self-attention's first `shift` columns (`StepCache.drop_columns`)."""
         self.self_attn.drop_columns(shift)
         self.step -= shift
+
+
+def _room(cross: list[KVCache], capacity: int, S: int) -> list[KVCache]:
+    """Each layer's cross-attention tables for `capacity` sentences over S >= the source
+    columns of `cross`, holding its sentences' keys and values first (zeros after their
+    columns)."""
+    room = []
+    for kv in cross:
+        B, H, s, d_head = kv.keys.shape
+        keys, values = (t.new_zeros(capacity, H, S, d_head) for t in (kv.keys, kv.values))
+        keys[:B, :, :s], values[:B, :, :s] = kv.keys, kv.values
+        room.append(KVCache(keys, values))
+    return room
 
 
 def _pad_keep(keep: Tensor | None, keys: Tensor, S: int) -> Tensor:

@@ -218,6 +218,9 @@ def check_serve(r: dict) -> None:
     for precision in r["precisions"]:
         reference = r["translate"][precision]
         assert set(reference) == {"same sentence", "varied"}
+        for load, (before, after) in r["translate_before_after"][precision].items():
+            assert before > 0 and after > 0  # measured around the servers, the mean is used
+            assert reference[load] == pytest.approx((before + after) / 2)
         for engine in r["serve"].values():
             assert set(engine[precision]) == set(reference)
             for load, by_clients in engine[precision].items():

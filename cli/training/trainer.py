@@ -163,7 +163,6 @@ class Trainer:
             self.load_init_weights(t.init)
         # LoRA: adapters on the model, the rest frozen; the optimizer holds what trains.
         self.trained = lora.adapt(self.model, config, self.tokenizer) if t.lora.rank else []
-        self.rows = lora.trained_rows(self.model, config, self.tokenizer) if t.lora.rank else {}
         self.model.to(self.device)
         shard.shard_model(self.model, t.shard, dd, device)  # before the optimizer: it holds them
         self.dtype = autocast_dtype(t.precision, self.device)
@@ -198,6 +197,13 @@ class Trainer:
             raise
         self.stop_requested = False
         self.resumed = resume
+
+    @property
+    def rows(self) -> dict[str, int]:
+        """Where only the new languages' rows of a matrix train: its first such row, by name."""
+        if not self.config.train.lora.rank:
+            return {}
+        return lora.trained_rows(self.model, self.config, self.tokenizer)
 
     def load_init_weights(self, init: str) -> None:
         """Fine-tuning: the weights of checkpoint `init`, whose embeddings must belong to this
@@ -258,12 +264,13 @@ class Trainer:
         optimizer = shard.optimizer_state(self.model, self.optimizer)
         if self.base:  # a LoRA run keeps what trains, and the record of its base
             trained = {"base": self.base}
-        if self.base and self.rows:  # new languages' rows: those alone, and their moments
-            trained["rows"] = self.rows
+        rows = self.rows
+        if self.base and rows:  # new languages' rows: those alone, and their moments
+            trained["rows"] = rows
             names = shard.parameter_names(self.model, self.optimizer)
-            optimizer = lora.trained_moments(optimizer, names, self.rows)
+            optimizer = lora.trained_moments(optimizer, names, rows)
         weights = (
-            lora.trained_state(self.model, self.trained, self.rows)
+            lora.trained_state(self.model, self.trained, rows)
             if self.base
             else shard.model_state(self.model_of_record)
         )
