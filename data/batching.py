@@ -470,6 +470,7 @@ class BatchIterator:
             self._src_cost, self._tgt_cost, max_tokens, max_sentences, pool_batches
         )
         self._plan: tuple[int, list[np.ndarray]] | None = None  # (epoch, this rank's batches)
+        self._ranks_alone = False  # the last epoch planned was cut for the ranks alone
 
     def __len__(self) -> int:
         """Batches per rank in the current epoch."""
@@ -522,6 +523,11 @@ class BatchIterator:
         self.epoch, self.position = int(state["epoch"]), taken // self.world_size
         if not 0 <= self.position <= len(self):
             raise ValueError(f"position {self.position} is outside epoch of {len(self)} batches")
+        if saved_world != self.world_size and self._ranks_alone:
+            raise ValueError(
+                f"an epoch holds fewer examples than one update's {split} batches, so its "
+                f"batches depend on the number of ranks: resume in {saved_world}"
+            )
 
     def epoch_indices(self, epoch: int | None = None) -> list[list[int]]:
         """This rank's batches of `epoch` (default: the current one) as dataset row indices."""
@@ -573,9 +579,12 @@ class BatchIterator:
                 max_sentences,
                 self.pad_multiple,
             )
-        batches = _split_until_divisible(
-            batches, self.split, self.world_size, self._src_cost, self._tgt_cost
-        )
+        # An epoch with fewer examples than one update takes is cut for the ranks alone (its
+        # updates then run across epochs, as before `split`): that plan depends on the number
+        # of ranks, so `load_state_dict` refuses it in another.
+        divisor = self.split if _reachable(batches, self.split) else self.world_size
+        self._ranks_alone = divisor != self.split
+        batches = _split_until_divisible(batches, divisor, self._src_cost, self._tgt_cost)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
@@ -631,21 +640,22 @@ def _pool_size(
     return max(1, pool_batches * per_batch)
 
 
+def _reachable(batches: list[np.ndarray], split: int) -> bool:
+    """Whether halving batches can make their number a multiple of `split`: each halving adds
+    one, up to one example a batch."""
+    examples = sum(len(rows) for rows in batches)
+    return -(-len(batches) // split) * split <= examples
+
+
 def _split_until_divisible(
-    batches: list[np.ndarray],
-    split: int,
-    world_size: int,
-    src_cost: np.ndarray,
-    tgt_cost: np.ndarray,
+    batches: list[np.ndarray], split: int, src_cost: np.ndarray, tgt_cost: np.ndarray
 ) -> list[np.ndarray]:
-    """Split the largest batches in two until their number is a multiple of `split`, or of
-    `world_size` where an epoch has too few examples for that (fewer than one update takes:
-    its updates then run across epochs, as they did before `split`).
+    """Split the largest batches in two until their number is a multiple of `split`.
 
     Halves of a batch fit its budget, so the split batches still do.
 
     Raises:
-        ValueError: fewer examples than ranks.
+        ValueError: fewer examples than `split` (the ranks, where it is their number).
     """
 
     def padded_tokens(rows: np.ndarray) -> int:
@@ -653,16 +663,13 @@ def _split_until_divisible(
             return -1  # cannot be split
         return len(rows) * int(max(src_cost[rows].max(), tgt_cost[rows].max()))
 
-    examples = sum(len(rows) for rows in batches)
-    if examples < -(-len(batches) // split) * split:  # no multiple of `split` within reach
-        split = world_size
     batches = list(batches)
     while len(batches) % split:
         sizes = [padded_tokens(rows) for rows in batches]
         i = int(np.argmax(sizes))
         if sizes[i] < 0:
             raise ValueError(
-                f"cannot split {len(batches)} examples into equal shares for {world_size} ranks"
+                f"cannot split {len(batches)} examples into equal shares for {split} ranks"
             )
         half = len(batches[i]) // 2
         batches[i : i + 1] = [batches[i][:half], batches[i][half:]]

@@ -283,8 +283,13 @@ def test_a_state_that_cannot_be_shared_out_is_refused():
 def test_an_epoch_smaller_than_an_update_is_cut_for_the_ranks_alone():
     """3 pairs and 4 batches an update: no multiple of 4 is within reach, so the epoch is
     cut as it was before `split` (its updates run across epochs), not refused."""
-    batches = indices_of(make_iterator([[11]] * 3, [[12]] * 3, max_tokens=64, split=4))
-    assert sorted(i for b in batches for i in b) == [0, 1, 2]
+    one = make_iterator([[11, 13]] * 3, [[12]] * 3, max_tokens=64, split=4)
+    assert sorted(i for b in indices_of(one) for i in b) == [0, 1, 2]
+    # That plan depends on the number of ranks: another number is refused, not handed
+    # batches that differ from the ones the run would have taken.
+    two = make_iterator([[11, 13]] * 3, [[12]] * 3, max_tokens=64, world_size=2)
+    with pytest.raises(ValueError, match="fewer examples than one update's 4 batches"):
+        two.load_state_dict(one.state_dict())
 
 
 def test_too_few_examples_for_the_ranks():

@@ -119,6 +119,7 @@ class Lane:
 
     def advance(self) -> list[tuple[object, list[Hypothesis]]]:
         """One step of every live row; the (key, hypotheses) of the sentences it ended."""
+        sentences = self.cache.cross_attn[0].keys.size(0)
         with torch.no_grad(), inference_autocast(self.device, self.decode.precision):
             log_probs, cache = self.step(self.search.tokens, self.cache)
             self.cache = self.search.advance(log_probs, cache, reorder)
@@ -128,7 +129,8 @@ class Lane:
             shift = self.search.forget()
             if shift:
                 self.cache.drop_columns(shift)
-            self.cache.fit_source()  # the longest live source's width, not the longest seen
+            if self.cache.cross_attn[0].keys.size(0) < sentences:  # some left: the longest?
+                self.cache.fit_source()  # the longest live source's width, not the longest seen
         done, self.search.done = self.search.done, []
         return done
 
