@@ -33,7 +33,9 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,6 +43,9 @@ from benchmarks import fairseq_standin
 from benchmarks.common import OUT, corpus_head, cpu_name, print_table, run_python
 from benchmarks.marian_standin import OPUS_MT_ES_EN, TINY, bundled_lines, make_standin
 from cli.device import autocast_dtype
+
+if TYPE_CHECKING:
+    from cli.config import Config
 
 VOCABULARY = 65_001  # opus-mt-es-en's
 
@@ -168,8 +173,6 @@ def child_transformers(
     """The transformers user's loop over tf's batches of the same settings (see the module
     docstring), timed after two warm-up updates; with `lora_rank`, through peft's LoRA on the
     attention projections (alpha 16, as tf's default), AdamW over the adapters."""
-    from transformers import AutoModelForSeq2SeqLM
-
     from cli.config import load_config
     from cli.training.checkpoint import with_init
     from cli.training.data import batching
@@ -179,6 +182,25 @@ def child_transformers(
     overrides = sets + [f"train.init={run}"]
     config = with_init(load_config("configs/finetune.yaml", overrides))
     data = prepare_training_data(config.data, batching(config, Dist()), out_dir(run), False)
+    update = transformers_loop(directory, config, lora_rank)
+    tokens, seconds = 0, 0.0
+    batches = iter(data.train)
+    for step in range(updates):
+        batch = next(batches)
+        start = time.perf_counter()
+        update([batch])
+        if step >= 2:
+            tokens, seconds = tokens + batch.n_tgt_tokens, seconds + time.perf_counter() - start
+    return {"tokens_per_s": tokens / seconds, "peak_rss_gb": peak_rss_gb()}
+
+
+def transformers_loop(
+    directory: Path, config: Config, lora_rank: int = 0
+) -> Callable[[list], None]:
+    """The transformers user's update (`model(**batch).loss`, backward, clipping, AdamW) of
+    the model in `directory`, as a function of tf's batches; with `lora_rank`, peft's LoRA."""
+    from transformers import AutoModelForSeq2SeqLM
+
     model = AutoModelForSeq2SeqLM.from_pretrained(directory)
     if lora_rank:
         import peft
@@ -189,23 +211,20 @@ def child_transformers(
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=config.train.lr)
     dtype = autocast_dtype(config.train.precision, torch.device("cpu"))
-    tokens, seconds = 0, 0.0
-    batches = iter(data.train)
-    for step in range(updates):
-        batch = next(batches)
-        labels = batch.tgt_out.masked_fill(batch.tgt_pad_mask, -100)
-        start = time.perf_counter()
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-            loss = model(
-                input_ids=batch.src, attention_mask=~batch.src_pad_mask, labels=labels
-            ).loss
-        loss.backward()
+
+    def update(batches: list) -> None:
+        for batch in batches:
+            labels = batch.tgt_out.masked_fill(batch.tgt_pad_mask, -100)
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+                loss = model(
+                    input_ids=batch.src, attention_mask=~batch.src_pad_mask, labels=labels
+                ).loss
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(trained, config.train.clip_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if step >= 2:
-            tokens, seconds = tokens + batch.n_tgt_tokens, seconds + time.perf_counter() - start
-    return {"tokens_per_s": tokens / seconds, "peak_rss_gb": peak_rss_gb()}
+
+    return update
 
 
 def out_dir(run: Path) -> Path:

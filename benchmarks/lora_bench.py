@@ -13,7 +13,10 @@ smaller token budget), the same precision, each loop in a process of its own:
   `model(**batch).loss` on tf's batches (`benchmarks.finetune_bench`).
 
 Reported: target tokens/s (the first log window left out), peak resident memory, and the size
-of the checkpoint each tf run writes.
+of the checkpoint each tf run writes. Then the two LoRA updates paired: in one process, on each
+batch in turn, tf's update (`Trainer.update`, what `tf train` runs) and peft's, their order
+swapped at each batch, the first two batches left out. The machine's speed drifts by up to
+1.5x between processes minutes apart; paired updates seconds apart share it.
 
     python -m benchmarks.lora_bench [--updates 8] [--size nllb-600m] [--max-tokens 1024]
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -70,7 +74,50 @@ def run(
         "checkpoint": lora["checkpoint_mb"] / full["checkpoint_mb"],
     }
     results["tf_over_peft"] = lora["tokens_per_s"] / peft["tokens_per_s"]
+    paired = run_python(
+        "-m", "benchmarks.lora_bench", "child-paired", *common, json.dumps(sets), str(updates)
+    )
+    results["paired"] = json.loads(paired)
     return results
+
+
+def child_paired(directory: Path, imported: Path, sets: list[str], updates: int) -> dict:
+    """tf's LoRA update and peft's on the same batches, alternated in this process (so under
+    the same process-wide settings, tf's `configure_device` included). `Trainer.update` is
+    what `tf train` runs at each step; the learning-rate schedule stays at its first step
+    (`Trainer.fit`, which advances it, is not run), which costs the same."""
+    from cli.config import load_config
+    from cli.training.checkpoint import with_init
+    from cli.training.distributed import Dist
+    from cli.training.run import start_run
+    from cli.training.trainer import Trainer
+
+    if updates <= 2:
+        raise ValueError(f"--updates {updates}: the first two are left out; give at least 3")
+    sets = sets + [f"train.init={imported}", f"train.lora.rank={RANK}"]
+    config = with_init(load_config("configs/finetune.yaml", sets))
+    run = start_run(config, imported.parent / "lora-bench-paired", force=True)
+    trainer = Trainer(config, run, Dist(), torch.device("cpu"))  # its batches started
+    seconds, tokens = {"tf": 0.0, "peft": 0.0}, 0
+    try:
+        peft_update = finetune_bench.transformers_loop(directory, config, RANK)
+        for step in range(updates):
+            batches = trainer.next_batches()
+            took = {}
+            for name in ("tf", "peft") if step % 2 == 0 else ("peft", "tf"):
+                start = time.perf_counter()
+                if name == "tf":
+                    trainer.update(batches)
+                else:
+                    peft_update(batches)
+                took[name] = time.perf_counter() - start
+            if step >= 2:
+                tokens += sum(b.n_tgt_tokens for b in batches)
+                seconds = {name: seconds[name] + took[name] for name in seconds}
+    finally:
+        trainer.close()
+    tf, peft = (tokens / seconds[name] for name in ("tf", "peft"))
+    return {"tf_tokens_per_s": tf, "peft_tokens_per_s": peft, "tf_over_peft": tf / peft}
 
 
 def print_results(r: dict) -> None:
@@ -89,9 +136,19 @@ def print_results(r: dict) -> None:
         f"{ratios['tokens_per_s']:.2f}x, checkpoint {ratios['checkpoint']:.3%}; "
         f"tf LoRA / peft LoRA tokens/s {r['tf_over_peft']:.2f}x"
     )
+    p = r["paired"]
+    print(
+        f"Paired, update by update in one process: tf LoRA {p['tf_tokens_per_s']:,.0f} "
+        f"tokens/s, peft LoRA {p['peft_tokens_per_s']:,.0f}: {p['tf_over_peft']:.2f}x"
+    )
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["child-paired"]:
+        directory, imported, sets, updates = sys.argv[2:]
+        paired = child_paired(Path(directory), Path(imported), json.loads(sets), int(updates))
+        print(json.dumps(paired))
+        sys.exit()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=8)
     parser.add_argument("--size", default="nllb-600m", choices=list(finetune_bench.STANDINS))

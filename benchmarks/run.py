@@ -5,12 +5,12 @@
 Data pipeline (tokenizer, encoding, batching, padding efficiency); training throughput of
 `small` against the torch.nn.Transformer reference (alternating, fp32 and CPU bf16), for one
 isolated step and for the `tf train` loop as launched; one attention's forward and backward
-per kernel; decoding throughput of greedy and beam 5 against uncached decoding and against
-CTranslate2 on the same model; how cost grows with the model and the sentence; fine-tuning an
-OPUS-MT-sized model against the loop a `transformers` user writes. Results:
-OUT/bench.json. `--quick` measures `demo` on fewer batches and sentences; `--smoke` runs every
-section on `tiny` with a handful of batches and sentences, to show the suite still runs
-(tests/test_benchmarks.py): its numbers mean nothing.
+per kernel, and dropout's against torch's; decoding throughput of greedy and beam 5 against
+uncached decoding and against CTranslate2 on the same model; how cost grows with the model
+and the sentence; fine-tuning an OPUS-MT-sized model against the loop a `transformers` user
+writes. Results: OUT/bench.json. `--quick` measures `demo` on fewer batches and sentences;
+`--smoke` runs every section on `tiny` with a handful of batches and sentences, to show the
+suite still runs (tests/test_benchmarks.py): its numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from benchmarks import (
     corpus_bench,
     data_bench,
     decode_bench,
+    dropout_bench,
     engines_bench,
     finetune_bench,
     loop_bench,
@@ -122,6 +123,7 @@ FULL = Size(
         "train": 180,
         "loop": 420,
         "attention": 45,
+        "dropout": 120,  # the kernels, then 150 `small` updates with a tokenizer to train
         "decode": 360,
         "engines": 720,  # five engines, two searches, twice: 20,000 translations
         "scaling": 150,
@@ -129,7 +131,7 @@ FULL = Size(
         "memory": 660,  # two 1,000-update `demo` runs (about 4 minutes each) and 10,000 lines
         "corpus": 2400,  # 1M pairs: 6 min; 10M: half an hour (3 starts each)
         "finetune": 1200,  # OPUS-MT-sized: 10 minutes; NLLB-shaped (256,206 rows): 9
-        "lora": 480,  # the 600M stand-in made and imported, three loops of 8 updates
+        "lora": 640,  # the 600M stand-in made and imported, three loops of 8 updates, paired
     },
 )
 # About 6 minutes on the 2-core AMD EPYC (5m27s measured, its decode model already trained);
@@ -173,6 +175,7 @@ QUICK = replace(
         "train": 15,
         "loop": 50,  # two `tf train` processes
         "attention": 2,
+        "dropout": 30,
         "decode": 95,  # training `demo` for 400 updates included
         "engines": 20,
         "scaling": 5,
@@ -180,7 +183,7 @@ QUICK = replace(
         "memory": 160,
         "corpus": 25,
         "finetune": 50,
-        "lora": 240,
+        "lora": 300,  # and the paired loop
     },
 )
 SMOKE = Size(
@@ -227,6 +230,7 @@ SMOKE = Size(
         "train": 2,
         "loop": 12,  # a `tf train` process starting
         "attention": 1,
+        "dropout": 10,  # a `tiny` Trainer's start
         "decode": 3,  # training `tiny` included
         "engines": 1,
         "scaling": 1,
@@ -234,7 +238,7 @@ SMOKE = Size(
         "memory": 25,  # two `tf train` and a `tf translate` process
         "corpus": 40,  # three `tf train` launches, one of 2 ranks
         "finetune": 40,  # a tiny stand-in made and imported, two loops in processes
-        "lora": 25,
+        "lora": 35,  # and the paired loop
     },
 )
 
@@ -349,6 +353,17 @@ def attention_section(size: Size, out: Path) -> dict:
     return r
 
 
+def dropout_section(size: Size, out: Path) -> dict:
+    # A residual stream of 128 positions for each 8 sentences of the attention's batch: NLLB's
+    # width (1,024) at 1,024 tokens for the full size, a small tensor for the smoke run.
+    shape = (max(1, size.attention_sentences // 8), 128, 1024)
+    print(f"\n== dropout, forward + backward, CPU {shape}; then `{size.config}` training with it")
+    r = dropout_bench.run(size.attention_repeats, shape)
+    r["loop"] = dropout_bench.loop(size.config, size.loop_updates, size.pairs, size.dev_pairs, out)
+    dropout_bench.print_results(r)
+    return r
+
+
 def decode_section(size: Size, out: Path) -> dict:
     print(f"\n== decoding test.es with a trained `{size.config}`: KV cache vs full recomputation")
     run_dir = trained_run(size, out)
@@ -450,6 +465,7 @@ SECTIONS: list[tuple[str, Callable[[Size, Path], dict]]] = [
     ("train", train_section),
     ("loop", loop_section),
     ("attention", attention_section),
+    ("dropout", dropout_section),
     ("decode", decode_section),
     ("engines", engines_section),
     ("scaling", scaling_section),

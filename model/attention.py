@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.dropout import dropout
 from model.packed import PackedLinear
 
 
@@ -322,7 +323,7 @@ def written_out_attention(
         scores = scores.masked_fill(~keep, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1)
     if dropout_p:
-        probs = F.dropout(probs, dropout_p)
+        probs = dropout(probs, dropout_p)
     return probs.to(v.dtype) @ v
 
 

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.attention import MultiheadAttention
+from model.dropout import Dropout
 from model.packed import PackedLinear
 from model.transformer import (
     DecoderLayer,
@@ -138,7 +139,7 @@ class LoraAdapter(nn.Module):
         like = dict(dtype=weight.dtype, device=weight.device)
         self.B = nn.Parameter(torch.zeros(out_features, lora.rank, **like))
         self.scale = lora.alpha / lora.rank
-        self.dropout = nn.Dropout(lora.dropout)
+        self.dropout = Dropout(lora.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., in) -> (..., out), through the rank-wide product only: scaled there, where it

@@ -935,13 +935,23 @@ def _best_extensions(
         row_top, row_words = row_topk(log_probs, min(n, V))  # (N, n')
     else:
         row_top, row_words = log_probs.topk(min(n, V), dim=1)
+    # top-k leaves equal values in any order: a row's candidates sorted by token id, then
+    # stably by value, put equal log-probabilities in id order (greedy's argmax takes the
+    # first id: with beam 1 the two then choose alike, exact ties included).
+    by_id = row_words.argsort(dim=1)
+    row_top, row_words = row_top.gather(1, by_id), row_words.gather(1, by_id)
+    row_top, by_value = row_top.sort(dim=1, descending=True, stable=True)
+    row_words = row_words.gather(1, by_value)
     by_rank = None if ranked is None else first_row + ranked  # (B', k)
     if by_rank is not None:  # the candidates in rank order, so that ties break as ranked
         order = by_rank.flatten()
         row_top, row_words, beam_log_probs = row_top[order], row_words[order], beam_log_probs[order]
     n_row = row_top.size(1)
     scores = (beam_log_probs[:, None] + row_top).view(N // k, k * n_row)  # (B', k n')
-    top, flat = scores.topk(min(n, k * n_row), dim=1)  # (B', C)
+    # A stable sort, not top-k: equal scores (exact ties, or two log-probabilities that adding
+    # the beam's rounds to one float) keep the candidates' order: rank, then value, then id.
+    top, flat = scores.sort(dim=1, descending=True, stable=True)
+    top, flat = top[:, : min(n, k * n_row)], flat[:, : min(n, k * n_row)]  # (B', C)
     words = row_words.view(N // k, k * n_row).gather(1, flat)  # (B', C)
     rows = first_row + flat // n_row if by_rank is None else by_rank.gather(1, flat // n_row)
     return top, rows, words

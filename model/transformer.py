@@ -28,6 +28,7 @@ from model.attention import (
     keep_mask,
     rows_to_move,
 )
+from model.dropout import Dropout
 from model.loss import IGNORE_INDEX, projected_label_smoothed_cross_entropy
 from model.packed import linear_activation
 
@@ -189,7 +190,7 @@ class Embedding(nn.Module):
         # fairseq numbers the positions of real tokens only: a pad token's is a zero row.
         self.pad_has_no_position = config.positions == "fairseq"
         self.norm = nn.LayerNorm(D, eps=config.norm_eps) if config.layernorm_embedding else None
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:
         """Embed ids (B, T) at positions start .. start + T - 1 -> (B, T, D); `start` is one
@@ -223,13 +224,13 @@ class EncoderLayer(nn.Module):
         self.self_attn = SelfAttention(D, config.n_heads, config.attention_dropout, config.d_head)
         self.linear1 = nn.Linear(D, config.d_ff)
         self.activation = ACTIVATIONS[config.activation]
-        self.dropout = nn.Dropout(config.activation_dropout)  # after the activation
+        self.dropout = Dropout(config.activation_dropout)  # after the activation
         self.linear2 = nn.Linear(config.d_ff, D)
         self.norm_first = config.norm_first
         self.norm1 = nn.LayerNorm(D, eps=config.norm_eps)
         self.norm2 = nn.LayerNorm(D, eps=config.norm_eps)
-        self.dropout1 = nn.Dropout(config.dropout)
-        self.dropout2 = nn.Dropout(config.dropout)
+        self.dropout1 = Dropout(config.dropout)
+        self.dropout2 = Dropout(config.dropout)
 
     def forward(self, x: Tensor, src_keep: Tensor | None) -> Tensor:
         """x (B, S, D), src_keep (B, 1, 1, S) from `keep_mask` (True = real) -> (B, S, D)."""
@@ -262,15 +263,15 @@ class DecoderLayer(nn.Module):
         )
         self.linear1 = nn.Linear(D, config.d_ff)
         self.activation = ACTIVATIONS[config.activation]
-        self.dropout = nn.Dropout(config.activation_dropout)  # after the activation
+        self.dropout = Dropout(config.activation_dropout)  # after the activation
         self.linear2 = nn.Linear(config.d_ff, D)
         self.norm_first = config.norm_first
         self.norm1 = nn.LayerNorm(D, eps=config.norm_eps)
         self.norm2 = nn.LayerNorm(D, eps=config.norm_eps)
         self.norm3 = nn.LayerNorm(D, eps=config.norm_eps)
-        self.dropout1 = nn.Dropout(config.dropout)
-        self.dropout2 = nn.Dropout(config.dropout)
-        self.dropout3 = nn.Dropout(config.dropout)
+        self.dropout1 = Dropout(config.dropout)
+        self.dropout2 = Dropout(config.dropout)
+        self.dropout3 = Dropout(config.dropout)
 
     def forward(
         self,

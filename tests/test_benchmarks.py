@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from benchmarks import common, decode_bench, engines_bench, run, train_bench
-from benchmarks.common import corpus_batches
+from benchmarks.common import corpus_batches, run_python
 from benchmarks.run import SMOKE
 from cli.config import load_config
 from cli.device import autocast_dtype
@@ -116,6 +116,25 @@ def test_attention(out, capsys):
     ]
     assert_numbers(r, keys)
     assert "fp32, causal" in capsys.readouterr().out
+
+
+def test_dropout(out, capsys):
+    """The two dropouts' kernels, then `tiny` training with each in turn, in one process."""
+    r = MEASURED["dropout"] = run.dropout_section(SMOKE, out)
+    assert_numbers(r, [f"{name}_{p}_ms" for name in ("torch", "ours") for p in PRECISIONS])
+    loop = r["loop"]
+    assert (loop["config"], loop["updates"]) == ("tiny", SMOKE.loop_updates)
+    assert loop["torch"] > 0 and loop["tf"] > 0
+    assert "updates alternated in one process" in capsys.readouterr().out
+
+
+def test_dropout_bench_runs_as_the_readme_shows(tmp_path):
+    """`python -m benchmarks.dropout_bench --config small --updates 60 --precision bf16`, at
+    `tiny`'s size: the kernels' table, then the training loop's line."""
+    args = ["--config", "tiny", "--updates", "4", "--precision", "fp32", "--pairs", "500"]
+    printed = run_python("-m", "benchmarks.dropout_bench", *args, "--out", str(tmp_path))
+    assert "F.dropout ms" in printed
+    assert "`tiny` with model.dropout 0.1, fp32, 4 updates alternated" in printed
 
 
 def test_decode(out, trained, capsys):
@@ -301,6 +320,8 @@ def test_run_smoke_end_to_end(out, trained, capsys, monkeypatch):
     assert set(lora["loops"]) == {"tf, full", "tf, LoRA", "transformers + peft, LoRA"}
     assert all(m["tokens_per_s"] > 0 and m["peak_rss_gb"] > 0 for m in lora["loops"].values())
     assert 0 < lora["lora_over_full"]["checkpoint"] < 1 and lora["tf_over_peft"] > 0
+    paired = lora["paired"]  # the two LoRA updates alternated in one process
+    assert paired["tf_over_peft"] == paired["tf_tokens_per_s"] / paired["peft_tokens_per_s"] > 0
 
 
 def check_corpus(results: dict) -> None:

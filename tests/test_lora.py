@@ -16,6 +16,7 @@ from torch import nn
 from torch.testing import assert_close
 
 from model import m2m100, mbart
+from model.dropout import dropout
 from model.lora import (
     LORA_TARGETS,
     LoraAdapter,
@@ -294,7 +295,7 @@ def test_an_adapter_drops_its_input_as_peft_does():
     torch.manual_seed(4)
     y = adapter(x)
     torch.manual_seed(4)
-    dropped = F.dropout(x, 0.5)
+    dropped = dropout(x, 0.5)  # the model's dropout (model/dropout.py), from the same seed
     lora = adapter.lora
     expected = linear(x) + 16.0 / RANK * dropped @ lora.A.T @ lora.B.T
     assert_close(y, expected, atol=1e-5, rtol=0)

@@ -284,6 +284,29 @@ def test_best_extensions_break_ties_by_rank_whatever_rows_hold_the_beams():
     assert torch.equal(moved[1], first + ranked.gather(1, rows - first))
 
 
+@pytest.mark.parametrize("blocks", [True, False])
+def test_best_extensions_order_ties_as_greedy_does(blocks):
+    """Equal log-probabilities in a row go to the lower id, greedy's argmax's choice (top-k
+    returned 45 before 2 for a tie in a trained `tiny`, and beam 1 then wrote another
+    translation than greedy); two log-probabilities that adding the beam's log-probability
+    rounds to one float keep their order (float32: 1e-7 apart under a score of -40)."""
+    from model.search import _best_extensions, row_argmax
+
+    V = 8000  # wide enough for `row_topk`'s blocks
+    log_probs = torch.full((2, V), -12.0)
+    log_probs[0, [2, 45, 3000, 7000]] = torch.tensor([-3.1889505, -3.1889505, -3.5, -3.1889505])
+    log_probs[1, [60, 7]] = torch.tensor([-3.0000001, -3.0000002])
+    beam_log_probs = torch.tensor([0.0, -40.0])
+    assert row_argmax(log_probs).tolist() == [2, 60]
+    for row in range(2):  # each row a sentence of one beam (beam 1)
+        one = slice(row, row + 1)
+        top, _, words = _best_extensions(log_probs[one], beam_log_probs[one], 1, 4, blocks=blocks)
+        assert words[0, 0].item() == [2, 60][row]
+        assert torch.equal(top[0], top[0].sort(descending=True).values)
+    top, _, words = _best_extensions(log_probs[:1], beam_log_probs[:1], 1, 4, blocks=blocks)
+    assert words[0, :3].tolist() == [2, 45, 7000]  # the three tied, in id order
+
+
 class Widths(TorchFunctionMode):
     """Records the width (last dimension) of every call of op `name` (`topk`, `argmax`)
     inside it."""
