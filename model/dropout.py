@@ -1,10 +1,10 @@
-"""Dropout (Srivastava et al., 2014) in a quarter of torch's time on a CPU.
+"""Dropout (Srivastava et al., 2014) in a quarter to a third of torch's time on a CPU.
 
 `torch.nn.functional.dropout` draws its CPU mask with `bernoulli_`, one draw of the generator
 per element: 7.5 ms for 1M elements on 2 cores (Xeon, AMX), 30 times the multiply it masks,
 and a tenth of a bf16 fine-tuning update of NLLB-600M's stand-in (62 dropouts). Here one
 64-bit draw makes four 16-bit uniforms, each kept when at or above p's share of 2^16: forward
-and backward in 0.25x `F.dropout`'s time (`benchmarks/dropout_bench.py`). The probability is p
+and backward in 0.25x-0.35x `F.dropout`'s time (`benchmarks/dropout_bench.py`). The probability is p
 rounded to 1/65,536 (0.1 drops 6,554/65,536 = 0.100006), and the kept values are scaled by the
 inverse of the rounded keep probability (in float32, then rounded once to x's dtype), so the
 mean holds. The draws come from torch's own CPU generator, which seeds, checkpoints and resumes
