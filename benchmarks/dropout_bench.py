@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import model.attention as attention
 import model.dropout as masks
 from benchmarks.common import OUT, corpus_head, cpu_name, print_table
 from model.dropout import dropout
@@ -83,7 +84,8 @@ def loop(
     try:
         for step in range(updates):
             name = "tf" if step % 2 else "torch"
-            masks.dropout = ours if name == "tf" else F.dropout  # what `Dropout` calls
+            # What `Dropout` and the written-out attention call (the latter imported it).
+            masks.dropout = attention.dropout = ours if name == "tf" else F.dropout
             batches = trainer.next_batches()
             start = time.perf_counter()
             trainer.update(batches)
@@ -91,7 +93,7 @@ def loop(
                 seconds[name] += time.perf_counter() - start
                 tokens[name] += sum(b.n_tgt_tokens for b in batches)
     finally:
-        masks.dropout = ours
+        masks.dropout = attention.dropout = ours
         trainer.close()
     rates = {name: tokens[name] / seconds[name] for name in seconds}
     precision = "bf16" if trainer.dtype == torch.bfloat16 else "fp32"

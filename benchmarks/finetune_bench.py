@@ -182,7 +182,7 @@ def child_transformers(
     overrides = sets + [f"train.init={run}"]
     config = with_init(load_config("configs/finetune.yaml", overrides))
     data = prepare_training_data(config.data, batching(config, Dist()), out_dir(run), False)
-    update = transformers_loop(directory, config, lora_rank)
+    update = transformers_update(directory, config, lora_rank)
     tokens, seconds = 0, 0.0
     batches = iter(data.train)
     for step in range(updates):
@@ -194,7 +194,7 @@ def child_transformers(
     return {"tokens_per_s": tokens / seconds, "peak_rss_gb": peak_rss_gb()}
 
 
-def transformers_loop(
+def transformers_update(
     directory: Path, config: Config, lora_rank: int = 0
 ) -> Callable[[list], None]:
     """The transformers user's update (`model(**batch).loss`, backward, clipping, AdamW) of

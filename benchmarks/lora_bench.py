@@ -100,7 +100,7 @@ def child_paired(directory: Path, imported: Path, sets: list[str], updates: int)
     trainer = Trainer(config, run, Dist(), torch.device("cpu"))  # its batches started
     seconds, tokens = {"tf": 0.0, "peft": 0.0}, 0
     try:
-        peft_update = finetune_bench.transformers_loop(directory, config, RANK)
+        peft_update = finetune_bench.transformers_update(directory, config, RANK)
         for step in range(updates):
             batches = trainer.next_batches()
             took = {}

@@ -79,6 +79,20 @@ def test_probabilities_out_of_range_or_below_the_resolution():
     assert 0 < dropped < 20
 
 
+def test_graphs_torch_compile_builds_take_torch_s_dropout(monkeypatch):
+    """Inside a graph being compiled, torch's own dropout (which the compiler fuses), not the
+    int16 view of a 64-bit draw."""
+    import torch.nn.functional as F
+
+    calls = []
+    monkeypatch.setattr(F, "dropout", lambda x, p: calls.append(p) or x)
+    dropout(torch.ones(8), 0.5)
+    assert not calls
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    dropout(torch.ones(8), 0.5)
+    assert calls == [0.5]
+
+
 def test_the_module_drops_only_in_training():
     module = Dropout(0.5)
     x = torch.ones(1000)
