@@ -52,6 +52,7 @@ from model.search import (
     apply_step_rules,
     as_length_penalty,
     finished_kept,
+    row_best,
 )
 
 Phrase = tuple[int, ...]
@@ -215,7 +216,9 @@ def _candidates(
     Shape: scores (N, V) the log-probability of every extension, N = B' k.
     """
     N, V = scores.shape
-    top, flat = scores.view(N // k, k * V).topk(min(n, k * V), dim=1)  # (B', n)
+    # Equal scores at the n-th go to the lower row, then the lower id (`row_best`), not as
+    # top-k happens to choose.
+    top, flat = row_best(scores.view(N // k, k * V), min(n, k * V))  # (B', n)
     best, best_token = scores.max(dim=1)  # (N,)
     extra = [
         (r, w) for r, p in enumerate(progress) for w in p.next_tokens(constraints[sentences[r]])

@@ -931,11 +931,8 @@ def _best_extensions(
     # A sentence's n best come from its rows' n best each: take those first (one top-k over
     # (N, V)), then the n best of its k n candidates. The same extensions as one top-k over all
     # k V, without the (N, V) sum of scores and with a cheaper second top-k.
-    if blocks:
-        row_top, row_words = row_topk(log_probs, min(n, V))  # (N, n')
-    else:
-        row_top, row_words = log_probs.topk(min(n, V), dim=1)
-    # top-k leaves equal values in any order: a row's candidates sorted by token id, then
+    row_top, row_words = row_best(log_probs, min(n, V), blocks)  # (N, n')
+    # `row_best` returns equal values in any order: a row's candidates sorted by token id, then
     # stably by value, put equal log-probabilities in id order (greedy's argmax takes the
     # first id: with beam 1 the two then choose alike, exact ties included).
     by_id = row_words.argsort(dim=1)
@@ -955,6 +952,58 @@ def _best_extensions(
     words = row_words.view(N // k, k * n_row).gather(1, flat)  # (B', C)
     rows = first_row + flat // n_row if by_rank is None else by_rank.gather(1, flat // n_row)
     return top, rows, words
+
+
+def row_best(x: Tensor, n: int, blocks: bool = True) -> tuple[Tensor, Tensor]:
+    """Each row's n largest values of a 2-D x, largest first, and their columns: of equal
+    values those of the lower columns (the n a stable sort in descending order puts first).
+    Top-k chooses among values equal to its n-th as it likes (on a CPU, at bf16 logits' ties,
+    other than the lowest columns in most rows; so that a beam of 1 could miss greedy's argmax
+    at a tie of three at the top): one more is taken, and where the n-th and (n+1)-th values
+    are equal, `_lowest_columns` puts the right columns in. Equal values among the n come in
+    any order. `blocks`: each row's best by `row_topk`, else by top-k over the whole row."""
+    m = min(n + 1, x.size(1))
+    top, columns = row_topk(x, m) if blocks else x.topk(m, dim=1)
+    if m == n:  # every column
+        return top, columns
+    tied = top[:, n - 1] == top[:, n]  # (N,); NaN, which top-k ranks first, is never equal
+    top, columns = top[:, :n], columns[:, :n]
+    if x.device.type != "cpu":  # a step's one wait for the device stays its only one
+        return top, _lowest_columns_in_place(x, top, columns, tied)
+    if tied.any():
+        rows = tied.nonzero().squeeze(1)
+        columns[rows] = _lowest_columns(x.index_select(0, rows), top[rows], columns[rows])
+    return top, columns
+
+
+def _lowest_columns(x: Tensor, top: Tensor, columns: Tensor) -> Tensor:
+    """`columns` (R, n) of the n largest values of each row of x (`top`, largest first, its
+    n-th value also further in the row), with the columns holding the n-th value (the last
+    ones) the lowest that hold it."""
+    nth = top[:, -1:]
+    taken = top == nth  # (R, n): the last ones of each row
+    count = taken.sum(dim=1)  # (R,) >= 1
+    found = (x == nth).nonzero()  # (K, 2): each row's columns holding it, ascending, in row order
+    row = found[:, 0]
+    per_row = row.bincount(minlength=x.size(0))  # (R,)
+    rank = torch.arange(row.numel(), device=x.device) - (per_row.cumsum(0) - per_row)[row]
+    lowest = found[rank < count[row], 1]  # each row's `count` lowest, in row order
+    return columns.masked_scatter(taken, lowest)
+
+
+def _lowest_columns_in_place(x: Tensor, top: Tensor, columns: Tensor, tied: Tensor) -> Tensor:
+    """`_lowest_columns` of the rows where `tied` (N,), computed over every row so that the
+    host never waits for the device (no `nonzero`, no `any`): for GPUs, where these few passes
+    over (N, V) cost less than a wait."""
+    V, n = x.size(1), top.size(1)
+    nth = top[:, -1:]
+    taken = (top == nth) & tied[:, None]  # (N, n): the last `count` of a tied row
+    count = taken.sum(dim=1, keepdim=True)
+    descending = V - torch.arange(V, device=x.device)  # a larger key for a lower column
+    keys = torch.where((x == nth) & tied[:, None], descending, 0)  # (N, V)
+    lowest = V - keys.topk(n, dim=1).values  # (N, n): the lowest columns holding it, ascending
+    at = (torch.arange(n, device=x.device) - (n - count)).clamp(min=0)  # (N, n)
+    return torch.where(taken, lowest.gather(1, at), columns)
 
 
 TOPK_BLOCK = 64  # columns a block of `row_topk`: the fastest of 32, 64 and 128 (below)

@@ -17,6 +17,7 @@ from cli.training import distributed
 from cli.training.run import rng_state, set_rng_state, start_run
 from cli.training.trainer import Trainer
 from data.errors import InputError
+from model import search as search_module
 from model.search import beam_search, greedy_search
 
 CUDA = torch.device("cuda", 0)
@@ -172,6 +173,20 @@ def test_one_host_sync_per_search_step(monkeypatch, search):
             greedy_search(counting_step, None, lambda s, i, g: s, **common)
     between = [b - a for a, b in zip(per_step, per_step[1:])]
     assert between[1:-1] and set(between[1:-1]) == {1}, between  # steps where nothing ends
+
+
+def test_the_lowest_columns_of_a_tie_leave_the_host_unwaited_on_a_gpu(monkeypatch):
+    """`row_best` on a GPU puts the lowest columns of a tie at the n-th value in without a
+    wait (`row_best`'s CPU path asks the host which rows are tied, which costs nothing there)."""
+    x = torch.zeros(4, 300)
+    x[:, [7, 100, 200]] = 1.0  # three tied at the top of every row
+    top, columns = x.topk(3, dim=1)
+    tied = top[:, 1] == top[:, 2]
+    counter = HostSyncs(monkeypatch)
+    with counter:
+        columns = search_module._lowest_columns_in_place(x, top[:, :2], columns[:, :2], tied)
+    assert counter.count == 0
+    assert columns.sort(dim=1).values.tolist() == [[7, 100]] * 4
 
 
 def test_decoding_on_cuda_autocasts_and_allows_tf32(monkeypatch):

@@ -307,6 +307,43 @@ def test_best_extensions_order_ties_as_greedy_does(blocks):
     assert words[0, :3].tolist() == [2, 45, 7000]  # the three tied, in id order
 
 
+def test_beam_one_equals_greedy_at_a_tie_of_three_at_the_top():
+    """Three tokens equally likely at the top of a 100-token row: greedy takes the lowest id,
+    and so must beam 1, whose two candidates a row top-k had taken from the other two."""
+    table = {(): {7: 0.2, 5: 0.2, 4: 0.2}, (4,): {EOS: 0.9}, (5,): {EOS: 0.9}, (7,): {EOS: 0.9}}
+    step = table_step(table, vocab_size=100)
+    (greedy,) = search(step, 1, [4])
+    ((beam,),) = search(step, 1, [4], beam_size=1, length_penalty=0.0)
+    assert greedy.tokens == [4] and beam.tokens == greedy.tokens
+
+
+@pytest.mark.parametrize("blocks", [True, False])
+@pytest.mark.parametrize("V", [100, 8000])
+def test_row_best_takes_the_lowest_columns_of_equal_values(V, blocks, blocks_at_any_size):
+    """Each row's n best are the n that a stable sort in descending order puts first: of values
+    equal to the n-th, the lowest columns (top-k's choice among them is its own: other columns
+    in most tied rows of bf16 logits). Rows of `rows_to_rank` but its NaN one, and rows with a
+    tie of three at the top."""
+    g = torch.Generator().manual_seed(V)
+    x = rows_to_rank(V, g)[:-1]
+    three = torch.randn(2, V, generator=g)
+    three[0, [V - 1, V // 2, 5]] = 9.0
+    three[1, [V // 3, V - 2, V - 5]] = 9.0
+    x = torch.cat([x, three.log_softmax(dim=1)])
+    want = x.sort(dim=1, descending=True, stable=True)
+    for n in (1, 2, 3, 10):
+        top, columns = search_module.row_best(x, n, blocks)
+        assert torch.equal(top, want.values[:, :n])
+        assert torch.equal(columns.sort(dim=1).values, want.indices[:, :n].sort(dim=1).values)
+        assert torch.equal(x.gather(1, columns), top)
+        # The GPUs' way, over every row: the same columns.
+        top, columns = x.topk(n + 1, dim=1)
+        tied = top[:, n - 1] == top[:, n]
+        top, columns = top[:, :n], columns[:, :n]
+        columns = search_module._lowest_columns_in_place(x, top, columns, tied)
+        assert torch.equal(columns.sort(dim=1).values, want.indices[:, :n].sort(dim=1).values)
+
+
 class Widths(TorchFunctionMode):
     """Records the width (last dimension) of every call of op `name` (`topk`, `argmax`)
     inside it."""
@@ -406,8 +443,9 @@ def test_beam_search_ranks_rows_by_blocks_unless_the_logits_are_half(
 ):
     """Blocks (`row_topk`) or a top-k over each whole row: the same hypotheses; bf16 or fp16
     logits, tied most steps, take the latter. (No sentence reaches its length limit, where
-    every token but EOS is -inf, a tie that `row_topk` hands to top-k.)"""
-    V = 1500
+    every token but EOS is -inf, a tie that `row_topk` hands to top-k.) V: 31 blocks, enough
+    for `row_topk` to read blocks for `row_best`'s 2 x beam + 1 best (1,500's 23 were not)."""
+    V = 2000
     step = random_step(vocab_size=V, eos_growth=2.0)
     plain = search(step, 3, [40] * 3, beam_size=2, nbest=2, half_logits=True)
     with Widths("topk") as seen:
