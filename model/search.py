@@ -968,33 +968,20 @@ def row_best(x: Tensor, n: int, blocks: bool = True) -> tuple[Tensor, Tensor]:
         return top, columns
     tied = top[:, n - 1] == top[:, n]  # (N,); NaN, which top-k ranks first, is never equal
     top, columns = top[:, :n], columns[:, :n]
-    if x.device.type != "cpu":  # a step's one wait for the device stays its only one
-        return top, _lowest_columns_in_place(x, top, columns, tied)
-    if tied.any():
+    if x.device.type != "cpu":  # every row, masked: a search step's one wait stays its only one
+        return top, _lowest_columns(x, top, columns, tied)
+    if tied.any():  # on a CPU, the tied rows alone
         rows = tied.nonzero().squeeze(1)
-        columns[rows] = _lowest_columns(x.index_select(0, rows), top[rows], columns[rows])
+        x, tied = x.index_select(0, rows), tied[rows]
+        columns[rows] = _lowest_columns(x, top[rows], columns[rows], tied)
     return top, columns
 
 
-def _lowest_columns(x: Tensor, top: Tensor, columns: Tensor) -> Tensor:
-    """`columns` (R, n) of the n largest values of each row of x (`top`, largest first, its
-    n-th value also further in the row), with the columns holding the n-th value (the last
-    ones) the lowest that hold it."""
-    nth = top[:, -1:]
-    taken = top == nth  # (R, n): the last ones of each row
-    count = taken.sum(dim=1)  # (R,) >= 1
-    found = (x == nth).nonzero()  # (K, 2): each row's columns holding it, ascending, in row order
-    row = found[:, 0]
-    per_row = row.bincount(minlength=x.size(0))  # (R,)
-    rank = torch.arange(row.numel(), device=x.device) - (per_row.cumsum(0) - per_row)[row]
-    lowest = found[rank < count[row], 1]  # each row's `count` lowest, in row order
-    return columns.masked_scatter(taken, lowest)
-
-
-def _lowest_columns_in_place(x: Tensor, top: Tensor, columns: Tensor, tied: Tensor) -> Tensor:
-    """`_lowest_columns` of the rows where `tied` (N,), computed over every row so that the
-    host never waits for the device (no `nonzero`, no `any`): for GPUs, where these few passes
-    over (N, V) cost less than a wait."""
+def _lowest_columns(x: Tensor, top: Tensor, columns: Tensor, tied: Tensor) -> Tensor:
+    """`columns` (N, n) of the n largest values of each row of x (`top`, largest first), with
+    those holding the n-th value (the last ones) replaced, in the rows where `tied` (N,) (the
+    n-th value recurs after them), by the lowest columns that hold it. Over every row, without
+    `nonzero` or `any`, so that on a GPU the host never waits for it."""
     V, n = x.size(1), top.size(1)
     nth = top[:, -1:]
     taken = (top == nth) & tied[:, None]  # (N, n): the last `count` of a tied row

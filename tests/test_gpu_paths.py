@@ -184,7 +184,7 @@ def test_the_lowest_columns_of_a_tie_leave_the_host_unwaited_on_a_gpu(monkeypatc
     tied = top[:, 1] == top[:, 2]
     counter = HostSyncs(monkeypatch)
     with counter:
-        columns = search_module._lowest_columns_in_place(x, top[:, :2], columns[:, :2], tied)
+        columns = search_module._lowest_columns(x, top[:, :2], columns[:, :2], tied)
     assert counter.count == 0
     assert columns.sort(dim=1).values.tolist() == [[7, 100]] * 4
 
