@@ -94,7 +94,8 @@ def print_table(rows: list[tuple]) -> None:
 
 def cpu_name() -> str:
     """The CPU as `lscpu` names it, with the flags that decide its precision: every benchmark
-    figure depends on them (bf16 runs natively only with avx512_bf16 or amx_bf16)."""
+    figure depends on them (bf16 runs natively only with avx512_bf16 or amx_bf16; int8 products
+    fastest with VNNI, `model/int8.py`)."""
     model, flags = "unknown CPU", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -105,7 +106,8 @@ def cpu_name() -> str:
                 flags = set(value.split())
     except OSError:
         return model
-    named = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    precisions = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni", "avx_vnni")
+    named = [f for f in precisions if f in flags]
     return f"{model} ({', '.join(named) or 'no avx2'})"
 
 

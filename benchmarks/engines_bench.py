@@ -1,7 +1,8 @@
 """The same trained model and sentences through every engine `tf translate` can use: PyTorch in
 fp32 (what `decode.precision: auto` picks on CPUs without AMX), in bf16 autocast (on CPUs with
-native bf16; CTranslate2 has no bf16 on CPUs), with dynamic int8 linear layers (`--int8`), and
-its CTranslate2 export in float32 and int8. Greedy and beam 5, sentences/s, target tokens/s
+native bf16; CTranslate2 has no bf16 on CPUs), with int8 linear layers (`--int8`: int8 weights,
+each row of activations quantized by its own scale, `model/int8.py`), and its CTranslate2
+export in float32 and int8. Greedy and beam 5, sentences/s, target tokens/s
 and BLEU, measured alternately, each engine in its own process, end to end from source ids to
 hypotheses (as `tf translate` loads and calls it).
 
@@ -29,6 +30,7 @@ from cli.inference.engines import load_engine
 from cli.inference.scoring import score
 from cli.training.checkpoint import load_for_inference
 from data.corpus import load_corpus
+from model.int8 import int_mm_is_exact
 
 ENGINES = ("tf_fp32", "tf_bf16", "tf_int8", "ct2_float32", "ct2_int8")
 
@@ -53,7 +55,10 @@ def run(run_dir: Path, sentences: int = 1000, repeats: int = 2) -> dict:
     if autocast_dtype("auto", cpu) == torch.bfloat16:  # else no tf_bf16 row
         engines["tf_bf16"] = (str(run_dir), ["decode.precision=bf16"], False)
     engines["tf_int8"] = (str(run_dir), [], True)
-    results: dict[str, float] = {"sentences": len(lines)}
+    results: dict[str, float | str] = {"sentences": len(lines)}
+    # What tf_int8's speed rests on: oneDNN's int8 kernel, or float32 where it is not exact
+    exact = int_mm_is_exact(config.model.d_model, config.model.d_ff)
+    results["int8_products"] = "torch._int_mm" if exact else "float32 (no exact int8 kernel)"
     with tempfile.TemporaryDirectory(prefix="tf-engines-") as workdir:
         if importlib.util.find_spec("ctranslate2") is not None:
             for name, quantization in (("ct2_float32", None), ("ct2_int8", "int8")):
@@ -181,6 +186,7 @@ def print_results(r: dict) -> None:
                 )
             )
     print_table(rows)
+    print(f"tf_int8: int8 products through {r['int8_products']}; attention in float64")
 
 
 def main() -> None:

@@ -3,14 +3,19 @@
 
 A YAML file names only what differs from the defaults. Loading is strict: an unknown key or a
 value of the wrong type is a `ConfigError` naming the dotted key and the nearest valid one.
-`--set section.key=value` overrides are parsed with `yaml.safe_load`, then checked the same way.
+Every number, at any depth, is finite and in the range its field declares in the schema
+(`field(metadata={"range": "(0, inf)"})`: an interval, `Interval`; `metadata["says"]`, where a
+field has it, words the range its own way in messages). `--set section.key=value` overrides
+are parsed with `yaml.safe_load`, then checked the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -24,7 +29,7 @@ import yaml
 from cli.device import DEVICE_PATTERN
 from data.config import DataConfig, check_data
 from data.files import atomic_output
-from model.lora import TRAINABLE_GROUPS, LoraConfig, check_lora
+from model.lora import NEW_ROWS, TRAINABLE_GROUPS, LoraConfig, check_lora
 from model.transformer import ModelConfig
 
 # The run's config beside an exported model (CTranslate2, Hugging Face): what `tf translate DIR`
@@ -38,7 +43,8 @@ class ConfigError(Exception):
 
 @dataclass
 class TrainConfig:
-    seed: int = 1
+    # 32 bits: SentencePiece's and numpy's generators take no more.
+    seed: int = field(default=1, metadata={"range": "[0, 4294967295]"})
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False  # torch.compile the model
@@ -48,43 +54,49 @@ class TrainConfig:
     deterministic: bool = False  # torch.use_deterministic_algorithms, for bit-exact resume tests
     # Seconds a torchrun rank waits in a collective (NCCL's default is 10 minutes): the others
     # wait while rank 0 alone trains the tokenizer and encodes a large corpus.
-    dist_timeout: float = 7200.0
+    dist_timeout: float = field(default=7200.0, metadata={"range": "(0, inf)"})
     # Batches: a token budget counted with padding, accumulated over update_freq batches per update.
-    max_tokens: int = 4096
-    max_sentences: int = 1024
-    update_freq: int = 1
+    max_tokens: int = field(default=4096, metadata={"range": "(0, inf)"})
+    max_sentences: int = field(default=1024, metadata={"range": "(0, inf)"})
+    update_freq: int = field(default=1, metadata={"range": "(0, inf)"})
     # Stopping: whichever comes first; 0 disables a limit.
-    max_steps: int = 100_000
-    max_epochs: int = 0
-    max_time: float = 0.0  # seconds of wall time
+    max_steps: int = field(default=100_000, metadata={"range": "[0, inf)"})
+    max_epochs: int = field(default=0, metadata={"range": "[0, inf)"})
+    max_time: float = field(default=0.0, metadata={"range": "[0, inf)"})  # seconds of wall time
     # Optimiser: Adam(0.9, 0.98, eps 1e-9) as in the paper, section 5.3.
-    lr: float = 1.0  # noam: a multiplier of d_model^-0.5 * min(...); the others: the peak
+    # noam: a multiplier of d_model^-0.5 * min(...); the others: the peak.
+    lr: float = field(default=1.0, metadata={"range": "(0, inf)"})
     # linear/cosine: warm up, then decay to 0 when the nearest of max_steps, max_epochs and
     # max_time is reached (with max_time the lr follows the clock, so reruns differ slightly;
     # with none of them set it stays at the peak).
     schedule: Literal["noam", "inverse_sqrt", "linear", "cosine"] = "noam"
-    warmup_steps: int = 4000
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
-    clip_norm: float = 0.0  # 0 disables gradient clipping
-    label_smoothing: float = 0.1
+    # (0 would divide by zero under noam, or leave the lr at 0 under inverse_sqrt.)
+    warmup_steps: int = field(default=4000, metadata={"range": "(0, inf)"})
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98], metadata={"range": "[0, 1)"})
+    adam_eps: float = field(default=1e-9, metadata={"range": "(0, inf)"})
+    weight_decay: float = field(default=0.0, metadata={"range": "[0, inf)"})
+    # 0 disables gradient clipping.
+    clip_norm: float = field(default=0.0, metadata={"range": "[0, inf)"})
+    label_smoothing: float = field(default=0.1, metadata={"range": "[0, 1)"})
     # 0: off. Else the weights of record (validated, kept as best.pt, translated, exported) are
     # an exponential moving average of the trained ones with this decay (cli/training/ema.py);
     # the checkpoints keep the trained weights too, to resume from.
-    ema_decay: float = 0.0
-    max_bad_steps: int = 5  # stop after this many non-finite losses in a row
+    ema_decay: float = field(default=0.0, metadata={"range": "[0, 1)"})
+    # Stop after this many non-finite losses in a row.
+    max_bad_steps: int = field(default=5, metadata={"range": "(0, inf)"})
     # Logging, validation, checkpoints (in updates).
-    log_every: int = 100
-    eval_every: int = 1000  # 0: validate only at the end
+    log_every: int = field(default=100, metadata={"range": "(0, inf)"})
+    # 0: validate only at the end.
+    eval_every: int = field(default=1000, metadata={"range": "[0, inf)"})
     eval_on_start: bool = False  # validate at step 0 too (fine-tuning: the imported model's BLEU)
     # Dev sentences decoded greedily for BLEU/chrF, per direction (two dev sets of one direction
     # share them evenly, what a short one cannot use going to the other); 0: all.
-    eval_bleu_sentences: int = 500
+    eval_bleu_sentences: int = field(default=500, metadata={"range": "[0, inf)"})
     early_stop_metric: Literal["bleu", "chrf", "loss"] = "bleu"
-    patience: int = 0  # validations without improvement before stopping; 0 disables
-    save_every: int = 1000
-    keep_last: int = 5  # step_N.pt files kept
+    # Validations without improvement before stopping; 0 disables.
+    patience: int = field(default=0, metadata={"range": "[0, inf)"})
+    save_every: int = field(default=1000, metadata={"range": "[0, inf)"})
+    keep_last: int = field(default=5, metadata={"range": "[0, inf)"})  # step_N.pt files kept
     # metrics.jsonl's scalars also as TensorBoard event files in RUN/tensorboard (when the
     # tensorboard package is installed: `make install` installs it).
     tensorboard: bool = True
@@ -102,19 +114,21 @@ class TrainConfig:
 
 @dataclass
 class DecodeConfig:
-    beam_size: int = 4  # paper, section 6.1
-    length_penalty: float = 0.6  # GNMT's alpha in ((5 + len) / 6) ** alpha
-    max_len_a: float = 1.0  # output length limit: a * src_len + b (paper: src_len + 50)
-    max_len_b: int = 50
-    min_len: int = 0
-    nbest: int = 1
-    no_repeat_ngram_size: int = 0
+    beam_size: int = field(default=4, metadata={"range": "(0, inf)"})  # paper, section 6.1
+    # GNMT's alpha in ((5 + len) / 6) ** alpha.
+    length_penalty: float = field(default=0.6, metadata={"range": "(-inf, inf)"})
+    # The output length limit: a * src_len + b (paper: src_len + 50).
+    max_len_a: float = field(default=1.0, metadata={"range": "[0, inf)"})
+    max_len_b: int = field(default=50, metadata={"range": "[0, inf)"})
+    min_len: int = field(default=0, metadata={"range": "[0, inf)"})
+    nbest: int = field(default=1, metadata={"range": "(0, inf)"})
+    no_repeat_ngram_size: int = field(default=0, metadata={"range": "[0, inf)"})
     # Beam search: a sentence stops at its max length, once no live hypothesis can beat its
     # nbest finished ones, or once beam_size x patience of its hypotheses have finished
     # (CTranslate2's `patience`, Kasai et al. 2022; 1 is fairseq's rule). 0: only the first two.
     # On the shared test set (small, beam 5) patience 2 left 992 of 1,000 translations as the
     # exhaustive search made them, in 0.6x the time; patience 1 changed 93 and cost 0.2 BLEU.
-    patience: float = 2.0
+    patience: float = field(default=2.0, metadata={"range": "[0, inf)"})
     # The rules of transformers' `generate` that an imported model brings (`tf import` sets them
     # from its generation config). length_penalty_form: "gnmt" divides a finished hypothesis's
     # log-probability by ((5 + |Y|) / 6) ** length_penalty, "power" by |Y| ** length_penalty
@@ -132,7 +146,8 @@ class DecodeConfig:
     # Log-probabilities normalised again after the rules forbid tokens (min_len, repeated
     # n-grams, a Marian model's pad): transformers' `renormalize_logits`.
     renormalize: bool = False
-    max_tokens: int = 4096  # source tokens per translation batch, padding counted
+    # Source tokens per translation batch, padding counted.
+    max_tokens: int = field(default=4096, metadata={"range": "(0, inf)"})
     # auto: bf16 autocast where the device computes it natively (GPUs from Ampere on, else
     # fp16; CPUs with AVX512-BF16 or AMX), fp32 elsewhere; a loaded model on a CPU without AMX
     # decodes in fp32 on packed weights, there the faster (`cli.device.engine_precision`). On
@@ -143,10 +158,15 @@ class DecodeConfig:
     # 10): 0 off, k draws from the k most probable tokens, -1 from all. beam_size samples are
     # drawn per sentence and the nbest best-scoring returned (fairseq's rule): beam_size 1 for
     # one plain sample. Reproducible: a sample depends on `seed` and its sentence only.
-    sampling_topk: int = 0
-    sampling_topp: float = 1.0  # then the most probable tokens whose mass reaches p (nucleus)
-    sampling_temperature: float = 1.0  # log-probabilities divided by it before drawing
-    seed: int = 0
+    sampling_topk: int = field(
+        default=0, metadata={"range": "[-1, inf)", "says": "-1 (all), 0 (off) or above"}
+    )
+    # Then the most probable tokens whose mass reaches p (nucleus).
+    sampling_topp: float = field(default=1.0, metadata={"range": "(0, 1]"})
+    # Log-probabilities are divided by it before drawing.
+    sampling_temperature: float = field(default=1.0, metadata={"range": "(0, 100]"})
+    # 32 bits, for every engine: CTranslate2's set_random_seed takes an unsigned 32-bit int.
+    seed: int = field(default=0, metadata={"range": "[0, 4294967295]"})
 
     @property
     def sampling(self) -> bool:
@@ -253,14 +273,15 @@ def from_dict(cls: type, raw: Any, source: str, prefix: str = "") -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: {prefix.rstrip('.') or 'config'} must be a mapping")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    names = list(fields)
     values = {}
     for key, value in raw.items():
         dotted = f"{prefix}{key}"
         if key not in names:
             raise ConfigError(f"{source}: unknown key '{dotted}'{suggest(key, names, prefix)}")
-        hint = hints[key]
-        values[key] = check_type(value, hint, dotted, source)
+        values[key] = check_type(value, hints[key], dotted, source)
+        check_number(values[key], fields[key], dotted, source)
     missing = [
         f.name
         for f in dataclasses.fields(cls)
@@ -304,7 +325,10 @@ def check_type(value: Any, hint: Any, dotted: str, source: str) -> Any:
     if hint is type(None) and value is None:
         return None
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # over 1e308: no finite float
+            raise ConfigError(f"{source}: {dotted} must be a finite number, got {value}") from None
     if hint is float and isinstance(value, str):
         # PyYAML follows YAML 1.1, where `3e-4` (no dot) is a string, not a float.
         try:
@@ -321,45 +345,83 @@ def check_type(value: Any, hint: Any, dotted: str, source: str) -> Any:
     raise ConfigError(f"{source}: {dotted} must be {name}, got {value!r}")
 
 
-# Ranges the types cannot say, checked once at load so that no bad value reaches any work.
-POSITIVE = (
-    "data.max_len model.d_model model.n_heads model.d_ff model.n_encoder_layers "
-    "model.n_decoder_layers model.norm_eps train.max_tokens train.max_sentences "
-    "train.update_freq train.lr train.warmup_steps train.adam_eps train.max_bad_steps "
-    "train.log_every train.dist_timeout decode.beam_size decode.nbest decode.max_tokens"
-).split()  # warmup_steps 0 would divide by zero (noam) or leave the lr at 0 (inverse_sqrt)
-NON_NEGATIVE = (
-    "model.position_offset train.max_steps train.max_epochs train.max_time train.weight_decay "
-    "train.clip_norm train.eval_every train.eval_bleu_sentences train.patience train.save_every "
-    "train.keep_last decode.max_len_a decode.max_len_b decode.min_len "
-    "decode.no_repeat_ngram_size decode.patience"
-).split()
-FRACTIONS = (  # in [0, 1)
-    "model.dropout model.attention_dropout model.activation_dropout model.encoder_layerdrop "
-    "model.decoder_layerdrop train.label_smoothing train.ema_decay"
-).split()
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """The range of a numeric setting, as its field declares it (`metadata["range"]`): "(0, inf)",
+    "[0, 1)", "[8, inf)", "[0, 4294967295]". A field of a list of numbers declares its items'."""
+
+    low: float
+    high: float
+    low_open: bool
+    high_open: bool
+    text: str
+
+    @staticmethod
+    @functools.cache
+    def parse(text: str) -> Interval:
+        m = re.fullmatch(r"([\[(])\s*(\S+?)\s*,\s*(\S+?)\s*([\])])", text)
+        if not m:
+            raise ValueError(f"{text!r} is no interval such as '[0, 1)'")
+        low, high = (int(b) if re.fullmatch(r"-?\d+", b) else float(b) for b in m.group(2, 3))
+        return Interval(low, high, m.group(1) == "(", m.group(4) == ")", text)
+
+    def __contains__(self, x: float) -> bool:
+        above = self.low < x if self.low_open else self.low <= x
+        below = x < self.high if self.high_open else x <= self.high
+        return above and below
+
+    def words(self) -> str:
+        """How a message says it: "positive", "0 or more", "in 0..4294967295", "in [0, 1)"."""
+        if self.high == math.inf:
+            if self.low == -math.inf:
+                return "a finite number"
+            if self.low_open:
+                return "positive" if self.low == 0 else f"above {self.low}"
+            return f"{self.low} or more"
+        if self.text.startswith("[") and self.text.endswith("]") and isinstance(self.high, int):
+            return f"in {self.low}..{self.high}"  # whole numbers (the seeds')
+        return f"in {self.text}"
+
+
+def check_number(value: Any, f: dataclasses.Field, dotted: str, source: str) -> None:
+    """`value` of field `f` (a number, or a list of numbers) finite and in `f`'s declared range
+    (`Interval`), else a ConfigError naming `dotted`; any other value passes. inf and NaN are
+    refused first: NaN passes no comparison, inf every one-sided one."""
+    numbers = value if isinstance(value, list) else [value]
+    numbers = [x for x in numbers if isinstance(x, int | float) and not isinstance(x, bool)]
+    if not numbers:
+        return
+    says = f.metadata.get("says")  # the field's own words for its range, where it has some
+    if not all(math.isfinite(x) for x in numbers):
+        raise ConfigError(f"{source}: {dotted} must be {says or 'a finite number'}, got {value!r}")
+    if "range" not in f.metadata:  # a schema without one would let inf and -1 pass silently
+        raise TypeError(f"{dotted}: its field declares no range (metadata['range'])")
+    interval = Interval.parse(f.metadata["range"])
+    if not all(x in interval for x in numbers):
+        raise ConfigError(f"{source}: {dotted} must be {says or interval.words()}, got {value!r}")
+
+
+def check_numbers(node: Any, source: str, prefix: str = "") -> None:
+    """Every number of the dataclass tree `node` (a config built in code: an import's, a merged
+    one) finite and in its field's range, as `from_dict` checks those a file gives."""
+    for f in dataclasses.fields(node):
+        value, dotted = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            check_numbers(value, source, f"{dotted}.")
+        elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            for i, item in enumerate(value):
+                check_numbers(item, source, f"{dotted}[{i}].")
+        else:
+            check_number(value, f, dotted, source)
 
 
 def check_config(config: Config, source: str) -> Config:
     """Check values and relations between them; ConfigError naming the key, else `config`."""
-    values = {f"{s}.{k}": v for s, section in config.to_dict().items() for k, v in section.items()}
 
     def fail(problem: str) -> None:
         raise ConfigError(f"{source}: {problem}")
 
-    for key, value in values.items():  # inf and NaN pass every comparison below, or none
-        numbers = value if isinstance(value, list) else [value]
-        if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
-            fail(f"{key} must be a finite number, got {value!r}")
-    for key in POSITIVE:
-        if values[key] <= 0:
-            fail(f"{key} must be positive, got {values[key]!r}")
-    for key in NON_NEGATIVE:
-        if values[key] < 0:
-            fail(f"{key} must be 0 or more, got {values[key]!r}")
-    for key in FRACTIONS:
-        if not 0 <= values[key] < 1:
-            fail(f"{key} must be in [0, 1), got {values[key]!r}")
+    check_numbers(config, source)  # each in its range first: the relations below assume it
     d, m, t, dec = config.data, config.model, config.train, config.decode
     # train.init's model translates more than the corpora: known once `with_init` recorded it.
     check_data(d, fail, model_known=not t.init or bool(d.directions or d.languages))
@@ -381,8 +443,6 @@ def check_config(config: Config, source: str) -> Config:
             f"{m.max_positions} less {prefix}, the pieces put before a source (a "
             "target-language token, a tag)"
         )
-    if m.d_head < 0:
-        fail(f"model.d_head must be 0 (d_model / n_heads) or more, got {m.d_head}")
     if not m.d_head and m.d_model % m.n_heads:
         fail(f"model.d_model {m.d_model} is not divisible by model.n_heads {m.n_heads}")
     if m.d_model % 2:
@@ -391,7 +451,7 @@ def check_config(config: Config, source: str) -> Config:
         fail(f"model.positions 'fairseq' needs model.d_model 4 or more, got {m.d_model}")
     if m.tie_embeddings == "all" and not d.joint_vocab:
         fail("model.tie_embeddings 'all' needs data.joint_vocab: true (one shared vocabulary)")
-    if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
+    if len(t.betas) != 2:
         fail(f"train.betas must be two numbers in [0, 1), got {t.betas!r}")
     if not DEVICE_PATTERN.fullmatch(t.device):
         fail(f"train.device {t.device!r} is unknown (expected auto, cpu, cuda or cuda:N)")
@@ -438,7 +498,7 @@ def check_new_language_settings(config: Config, fail: Callable[[str], None]) -> 
     t = config.train
     if config.data.new_languages and not t.init:
         fail("data.new_languages adds languages to a pretrained model: it needs --init RUN")
-    if "embeddings_of_new_languages" in t.trainable:
+    if NEW_ROWS in t.trainable:
         if not config.data.new_languages:
             fail("train.trainable embeddings_of_new_languages: data.new_languages names none")
         if t.weight_decay:
@@ -462,16 +522,7 @@ def check_shard_settings(config: Config, fail: Callable[[str], None]) -> None:
 
 
 def check_sampling(dec: DecodeConfig, fail: Callable[[str], None]) -> None:
-    """The sampling settings: in range (the seed one every engine takes), and none given while
-    sampling is off."""
-    if dec.sampling_topk < -1:
-        fail(f"decode.sampling_topk must be -1 (all), 0 (off) or above, got {dec.sampling_topk}")
-    if not 0 < dec.sampling_topp <= 1:
-        fail(f"decode.sampling_topp must be in (0, 1], got {dec.sampling_topp}")
-    if not 0 < dec.sampling_temperature <= 100:
-        fail(f"decode.sampling_temperature must be in (0, 100], got {dec.sampling_temperature}")
-    if not 0 <= dec.seed < 2**32:  # CTranslate2's set_random_seed takes an unsigned 32-bit int
-        fail(f"decode.seed must be in 0..{2**32 - 1} (32 bits, for every engine), got {dec.seed}")
+    """The sampling settings (each in its range already): none given while sampling is off."""
     if not dec.sampling and (dec.sampling_topp != 1 or dec.sampling_temperature != 1):
         fail(
             "decode.sampling_topp and sampling_temperature shape random sampling, which is off "

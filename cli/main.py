@@ -48,6 +48,14 @@ InputFormat = Annotated[
         '"constraints": [...]} a line (the output starts with prefix, holds each constraint).'
     ),
 ]
+Runs = Annotated[
+    list[str],
+    typer.Argument(
+        help="Run directory, checkpoint file or exported CTranslate2 dir; several runs "
+        "decode as an ensemble.",
+        show_default=False,
+    ),
+]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")]
 Int8 = Annotated[
     bool, typer.Option("--int8", help="PyTorch model's linear layers in dynamic int8 (CPU).")
@@ -89,20 +97,27 @@ From = Annotated[
 
 
 def user_errors(fn):
-    """Print expected failures as one line on stderr and exit 2, without a traceback."""
+    """Print expected failures as one line on stderr and exit 2, without a traceback.
+
+    Under torchrun every process refuses alike (`distributed.main_first` stops the others
+    where the main rank refused alone): rank 0 alone says why, and every process exits 0,
+    since torchrun reports any other exit as a failure of its own, with its traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from cli.config import ConfigError
         from cli.training.checkpoint import CheckpointError
+        from cli.training.distributed import StoppedWithMain, launched_by_torchrun
         from cli.training.run import TrainingError
         from data.errors import InputError
 
         try:
             return fn(*args, **kwargs)
-        except (InputError, ConfigError, CheckpointError, TrainingError) as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from None
+        except (InputError, ConfigError, CheckpointError, TrainingError, StoppedWithMain) as e:
+            torchrun = launched_by_torchrun()
+            if not isinstance(e, StoppedWithMain) and (not torchrun or rank() == 0):
+                typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(0 if torchrun else 2) from None
         except BrokenPipeError:  # `tf translate ... | head`
             sys.stderr.close()
             raise typer.Exit(0) from None
@@ -113,15 +128,20 @@ def user_errors(fn):
     return wrapper
 
 
-def setup_logging() -> None:
+def rank() -> int:
+    """This process's rank under torchrun (RANK), else 0."""
     import os
 
+    return int(os.environ.get("RANK", "0"))
+
+
+def setup_logging() -> None:
     # Under torchrun every rank runs this program: only rank 0 speaks below a warning's level,
     # and the others' lines say which rank they come from.
-    rank = int(os.environ.get("RANK", "0"))
+    rank_ = rank()
     logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.ERROR,
-        format="%(asctime)s %(levelname)s " + (f"[rank {rank}] " if rank else "") + "%(message)s",
+        level=logging.INFO if rank_ == 0 else logging.ERROR,
+        format="%(asctime)s %(levelname)s " + (f"[rank {rank_}] " if rank_ else "") + "%(message)s",
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
@@ -160,7 +180,7 @@ def train(
     from cli.commands.train import run_train
     from cli.config import load_config
     from cli.training.checkpoint import with_init
-    from cli.training.run import RunDir, TrainingError, resume_config
+    from cli.training.run import RunDir, TrainingError, anchored, resume_config
 
     if resume is not None:
         cfg = resume_config(RunDir(resume), config, set_ or [], allow_config_change)
@@ -168,21 +188,14 @@ def train(
         return
     if config is None:
         raise TrainingError("tf train needs a CONFIG (e.g. configs/small.yaml) or --resume RUN")
-    cfg = load_config(config, (set_ or []) + ([f"train.init={init}"] if init else []))
+    cfg = anchored(load_config(config, (set_ or []) + ([f"train.init={init}"] if init else [])))
     run_train(with_init(cfg), out or Path("runs") / Path(config).stem, resume=False, force=force)
 
 
 @app.command()
 @user_errors
 def translate(
-    runs: Annotated[
-        list[str],
-        typer.Argument(
-            help="Run directory, checkpoint file or exported CTranslate2 dir; several runs "
-            "decode as an ensemble.",
-            show_default=False,
-        ),
-    ],
+    runs: Runs,
     input: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option("-i", "--input", help="Source text [stdin]."),
@@ -269,9 +282,7 @@ def eval_(
 @app.command()
 @user_errors
 def serve(
-    run: Annotated[
-        str, typer.Argument(help="Run directory, checkpoint file or exported CTranslate2 dir.")
-    ],
+    runs: Runs,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     beam: Beam = None,
@@ -325,7 +336,7 @@ def serve(
     wait, rows = schedule_limits(schedule, max_wait, max_rows)
     overrides = decode_overrides(beam, False, None, None, set_ or [])
     limits = Limits(max_lines, wait, max_queue, timeout, workers, max_rows=rows, schedule=schedule)
-    run_serve(run, host, port, overrides, device, int8, limits, to, frm)
+    run_serve(runs, host, port, overrides, device, int8, limits, to, frm)
 
 
 @app.command()
@@ -380,7 +391,10 @@ def distill(
     corpus: Annotated[
         Optional[list[str]],  # noqa: UP045
         typer.Option(
-            help="Translate this corpus's sources instead (repeatable).", show_default=False
+            help="Translate this corpus's sources instead (repeatable): a spec, or in YAML "
+            "{corpus: SPEC, src_lang: .., tgt_lang: .., reverse: .., tag: ..} as data.train "
+            "takes it.",
+            show_default=False,
         ),
     ] = None,
     to: To = "",

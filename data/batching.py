@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from data.errors import counted
+
 SIZE_MULTIPLE = 8  # sentences per batch, where `pad_multiple` > 1 (fairseq's default too)
 # Rows of real targets the output layer and the loss take, where `pad_multiple` > 1: their
 # number changes with every batch, and so would the shape of the largest matmuls of a step.
@@ -515,8 +517,9 @@ class BatchIterator:
         taken = int(state["position"]) * saved_world  # the plan's batches all ranks had taken
         if split % self.world_size or taken % self.world_size:
             raise ValueError(
-                f"its epochs are cut for {saved_world} ranks taking {split} batches together; "
-                f"{self.world_size} ranks cannot share them equally"
+                f"its epochs are cut for {counted(saved_world, 'rank')} taking "
+                f"{counted(split, 'batch', 'batches')} together; "
+                f"{counted(self.world_size, 'rank')} cannot share them equally"
             )
         if split != self.split:
             self.split, self._plan = split, None
@@ -525,7 +528,8 @@ class BatchIterator:
             raise ValueError(f"position {self.position} is outside epoch of {len(self)} batches")
         if saved_world != self.world_size and self._ranks_alone:
             raise ValueError(
-                f"an epoch holds fewer examples than one update's {split} batches, so its "
+                f"an epoch holds fewer examples than one update's "
+                f"{counted(split, 'batch', 'batches')}, so its "
                 f"batches depend on the number of ranks: resume in {saved_world}"
             )
 
@@ -669,7 +673,8 @@ def _split_until_divisible(
         i = int(np.argmax(sizes))
         if sizes[i] < 0:
             raise ValueError(
-                f"cannot split {len(batches)} examples into equal shares for {split} ranks"
+                f"cannot split {counted(len(batches), 'example')} into equal shares for "
+                f"{counted(split, 'rank')}"
             )
         half = len(batches[i]) // 2
         batches[i : i + 1] = [batches[i][:half], batches[i][half:]]

@@ -1,12 +1,13 @@
 """What a training run reads: its corpora, their cleaning and its tokenizer, as one typed section
 (`data` in a config file), as `ModelConfig` in `model/` describes the network. The loader in
-`cli/config.py` builds and type-checks it; `check_data` holds the rules of its values.
+`cli/config.py` builds and type-checks it, each number against the range its field declares
+(`metadata["range"]`, an interval such as "(0, inf)"); `check_data` holds the rules between
+its values.
 """
 
 from __future__ import annotations
 
 import difflib
-import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -33,7 +34,8 @@ class SetConfig:
 class CorpusConfig(SetConfig):
     """One training corpus of a mix (`data.train` as a list)."""
 
-    weight: float = 1.0  # its pairs are seen `weight` times per epoch (a fraction: a subset)
+    # Its pairs are seen `weight` times per epoch (a fraction: a subset).
+    weight: float = field(default=1.0, metadata={"range": "(0, inf)", "says": "a positive number"})
 
 
 @dataclass
@@ -42,8 +44,9 @@ class NewLanguage:
     next id of the tokenizer, and a new embedding row, the copy of `init`'s."""
 
     lang: str  # as the corpora name it (src_lang/tgt_lang): xyz_Latn, its token the model's form
-    # Where its row starts: "mean" (of the model's language tokens' rows), or a language of
-    # the model whose row it copies (a related one: fra_Latn for a Romance language).
+    # Where its row starts: "mean" (of the model's language tokens' rows; of all its rows where
+    # it has none, a one-way model), or a language of the model whose row it copies (a
+    # related one: fra_Latn for a Romance language).
     init: str = "mean"
 
 
@@ -56,7 +59,7 @@ class DataConfig:
     # each epoch proportional to (weight_i x pairs_i) ** (1 / T), the epoch keeping its size
     # (the sum of weight x pairs). 1: the weights as given; above 1 small corpora gain (5 is
     # the paper's choice for many languages); RUN/data.json gives each corpus's share.
-    temperature: float = 1.0
+    temperature: float = field(default=1.0, metadata={"range": "(0, inf)"})
     # A corpus spec read as src_lang -> tgt_lang, or a list of sets with their directions,
     # [{corpus: SPEC}, {corpus: SPEC, reverse: true}]: each direction is validated on its own.
     # A set of a direction the model translates but no corpus trains (fine-tuning a
@@ -86,17 +89,20 @@ class DataConfig:
     # the target language's, forced (NLLB-200, M2M100, mBART-50: `forced_bos_token_id`), in
     # every run.
     lang_token_side: Literal["source", "target"] = "source"
-    # The SentencePiece model a run trains (unless `tokenizer` names one to use).
-    vocab_size: int = 8000
+    # The SentencePiece model a run trains (unless `tokenizer` names one to use): its size at
+    # least the four special pieces and a few more.
+    vocab_size: int = field(default=8000, metadata={"range": "[8, inf)"})
     tokenizer_type: Literal["bpe", "unigram"] = "bpe"
     joint_vocab: bool = True  # one SentencePiece model for both sides (needed for full tying)
-    character_coverage: float = 1.0
-    max_len: int = 256  # pairs with a side longer than this many pieces are dropped
-    max_len_ratio: float = 3.0  # pairs whose longer side is over this times the other's are dropped
+    character_coverage: float = field(default=1.0, metadata={"range": "(0, 1]"})
+    # Pairs with a side longer than this many pieces are dropped.
+    max_len: int = field(default=256, metadata={"range": "(0, inf)"})
+    # Pairs whose longer side is over this times the other's are dropped.
+    max_len_ratio: float = field(default=3.0, metadata={"range": "[1, inf)"})
     # Training batches pad both sides to one width, a multiple of this, and hold a multiple of 8
     # sentences, so that a run sees few shapes (a kernel and its memory are kept per shape on
     # CPUs; see data/batching.py). 1: each side to its longest sentence, any count (no rounding).
-    pad_multiple: int = 2
+    pad_multiple: int = field(default=2, metadata={"range": "[1, inf)"})
     # Drop duplicate pairs, untranslated copies, pairs of the dev or test set, and junk (no
     # letters, mostly digits, punctuation or URLs): see data/clean.py. Counts go to RUN/data.json.
     clean: bool = True
@@ -107,7 +113,8 @@ class DataConfig:
     # Languages a fine-tuned model lacks, added to it (`tf train --init`): each one's token
     # joins the run's copy of the tokenizer and a row the embeddings, started from a named
     # language's row or the mean: [{lang: xyz_Latn, init: fra_Latn}]. Every id there was keeps
-    # its id and its row.
+    # its id and its row. A one-way model given a second target gains its old target's token
+    # too, recorded here first (`tf train --init` adds it).
     new_languages: list[NewLanguage] = field(default_factory=list)
 
     def corpora(self) -> list[CorpusConfig]:
@@ -361,10 +368,6 @@ def check_data(d: DataConfig, fail: Callable[[str], None], model_known: bool = T
     `model_known` False: a config with `train.init`, whose model translates directions its
     corpora do not; `with_init` records them (`directions`, `languages`), and the dev and test
     sets' directions are checked then."""
-    if d.vocab_size < 8:  # the four special pieces and a few more
-        fail(f"data.vocab_size must be 8 or more, got {d.vocab_size}")
-    if not 0 < d.character_coverage <= 1:
-        fail(f"data.character_coverage must be in (0, 1], got {d.character_coverage}")
     # An imported model's own codes (NLLB's fra_Latn: "{lang}") are its tokenizer's special
     # pieces; a SentencePiece model tf trains reserves a token, which no text may then hold.
     own_codes = d.tokenizer or not d.corpora()
@@ -402,12 +405,4 @@ def check_data(d: DataConfig, fail: Callable[[str], None], model_known: bool = T
         where = corpus_name(d, i)
         if not c.corpus.strip():
             fail(f"{where}: no corpus spec")
-        if not (c.weight > 0 and math.isfinite(c.weight)):
-            fail(f"{where}.weight must be a positive number, got {c.weight}")
     check_tags(d, fail)
-    if not (d.temperature > 0 and math.isfinite(d.temperature)):
-        fail(f"data.temperature must be a positive number, got {d.temperature}")
-    if d.pad_multiple < 1:
-        fail(f"data.pad_multiple must be 1 or more, got {d.pad_multiple}")
-    if d.max_len_ratio < 1:
-        fail(f"data.max_len_ratio must be 1 or more, got {d.max_len_ratio}")

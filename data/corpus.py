@@ -33,7 +33,7 @@ from datasets.utils import tqdm as datasets_tqdm
 
 from data.batching import RaggedIds
 from data.clean import first_row_holding
-from data.errors import InputError
+from data.errors import InputError, counted
 from data.text import nul_problem, open_bytes, read_line_blocks
 
 if TYPE_CHECKING:
@@ -115,6 +115,21 @@ def where_row(spec: str, src_lang: str, tgt_lang: str, row: int) -> str:
 # --- local files ---------------------------------------------------------------------------
 
 
+def anchored_spec(spec: str) -> str:
+    """`spec` with its local path made absolute (read from the working directory), so that it
+    names the same files from any directory: a PREFIX, a .tsv or .jsonl file, or an `hf:`
+    dataset that is a local folder (`datasets` reads a name that exists as a path there).
+    Hub names, `bundled:` corpora and "" (no set) are as they were."""
+    if not spec or spec.startswith("bundled:"):
+        return spec
+    if spec.startswith("hf:"):
+        name = spec.removeprefix("hf:").partition("@")[0].partition(":")[0]
+        if not name or os.path.isabs(name) or not os.path.exists(name):
+            return spec
+        return "hf:" + os.path.abspath(name) + spec.removeprefix(f"hf:{name}")
+    return os.path.abspath(spec)
+
+
 def _existing(path: Path) -> Path:
     if not path.is_file():
         raise InputError(f"{path}: no such file")
@@ -141,8 +156,8 @@ def _load_parallel(prefix: str, langs: dict[str, str]) -> datasets.Dataset:
     src, tgt = sides["src"], sides["tgt"]
     if len(src) != len(tgt):
         raise InputError(
-            f"{paths['src']}: has {len(src)} lines but {paths['tgt']} has {len(tgt)}; "
-            "parallel files must align line by line"
+            f"{paths['src']}: has {counted(len(src), 'line')} but {paths['tgt']} has "
+            f"{len(tgt)}; parallel files must align line by line"
         )
     return datasets.concatenate_datasets([src, tgt], axis=1)
 

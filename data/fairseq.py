@@ -2,7 +2,8 @@
 transformers' `NllbTokenizer`, `M2M100Tokenizer` and `MBart50Tokenizer` read them.
 
     sentencepiece.bpe.model  the SentencePiece model that cuts text into pieces
-    tokenizer.json           NLLB, mBART-50: every id (the pieces', the codes', <mask>'s)
+    tokenizer.json           NLLB, mBART-50: every id (the pieces', the codes', <mask>'s);
+                             where it is alone, what cuts text too (see below)
     vocab.json               M2M100: the pieces' ids; its language codes follow them
     tokenizer_config.json    transformers' settings (tokenizer_class, legacy_behaviour, ...)
     tf_tokenizer.json        what tf reads of them (`FairseqSettings`), written at import
@@ -26,6 +27,13 @@ transformers 5 ignores for NLLB's BPE). As for Marian, text is text: a literal "
 is cut into pieces, where transformers reads it as its special id. SentencePiece cuts the
 text, as it did for fairseq's training: a space at a line's end is nothing (transformers 5's
 NLLB tokenizer, built on the `tokenizers` library, makes it a "▁"; tf strips lines anyway).
+
+An NLLB-200 or mBART-50 directory that `transformers` 5 saved holds tokenizer.json and
+tokenizer_config.json alone (its `save_pretrained` writes no sentencepiece.bpe.model): there the
+`tokenizers` library cuts the text by tokenizer.json, as transformers' fast tokenizers do
+(transformers 4 reads the file as it is; transformers 5 builds its tokenizer from the file's
+vocabulary, to the same ids), its special tokens typed in a line read as text, as above.
+M2M100's tokenizer is SentencePiece's in Python: transformers 5 still saves its model.
 """
 
 from __future__ import annotations
@@ -74,7 +82,8 @@ class Family:
     # transformers' lists of its code pieces, in its order, by tokenizer_config.json's
     # `language_codes` (M2M100's "m2m100" or "wmt21"); the first where it names none.
     code_lists: dict[str, tuple[str, ...]]
-    needs: tuple[str, ...]  # the files it cannot do without
+    # the files it cannot do without: one of each group ((SPM, TOKENIZER_JSON): either cuts text)
+    needs: tuple[tuple[str, ...], ...]
     # transformers reads it with SentencePiece in Python (M2M100), not with the `tokenizers`
     # library (NLLB, mBART-50), whose decoder joins the pieces its own way.
     sentencepiece_decodes: bool
@@ -103,7 +112,7 @@ NLLB = Family(
     "{lang}",
     re.compile(r"[a-z]{3}_[A-Z][a-z]{3}"),
     {"nllb": NLLB_CODES},
-    (SPM,),
+    ((SPM, TOKENIZER_JSON),),
     sentencepiece_decodes=False,
     cleans_up=False,
 )
@@ -117,7 +126,7 @@ M2M100 = Family(
         "m2m100": tuple(f"__{lang}__" for lang in M2M100_CODES),
         "wmt21": tuple(f"__{lang}__" for lang in WMT21_CODES),
     },
-    (SPM, VOCAB),
+    ((SPM,), (VOCAB,)),
     sentencepiece_decodes=True,
     cleans_up=True,
 )
@@ -128,7 +137,7 @@ MBART50 = Family(
     "{lang}",
     re.compile(r"[a-z]{2}_[A-Z]{2}"),
     {"mbart50": MBART50_CODES},
-    (SPM,),
+    ((SPM, TOKENIZER_JSON),),
     sentencepiece_decodes=False,
     cleans_up=True,
 )
@@ -202,7 +211,7 @@ def family_of(directory: Path) -> Family | None:
     for family in FAMILIES.values():
         if config.get("tokenizer_class") in family.classes:
             return family
-    if (directory / SPM).is_file():
+    if (directory / SPM).is_file():  # (a tokenizer.json alone may be any model's)
         classes = ", ".join(c for f in FAMILIES.values() for c in f.classes)
         raise InputError(
             f"{directory / HF_CONFIG}: no tokenizer_class tf reads ({classes}) for the "
@@ -217,7 +226,8 @@ def _named_family(directory: Path) -> Family:
     if family is None:
         raise InputError(
             f"{directory / SPM}: missing (an NLLB-200, M2M100 or mBART-50 tokenizer needs it, "
-            f"and a {HF_CONFIG} naming its tokenizer_class)"
+            f"or NLLB-200's and mBART-50's {TOKENIZER_JSON}, and a {HF_CONFIG} naming its "
+            "tokenizer_class)"
         )
     return family
 
@@ -251,11 +261,11 @@ class FairseqTokenizer(BaseTokenizer):
         """
         self.directory = directory
         self.family = family = family or _named_family(directory)
-        for path in (directory / name for name in family.needs):
-            if not path.is_file():
-                needs = " and ".join(family.needs)
-                raise InputError(f"{path}: missing (an {family.title} tokenizer needs {needs})")
-        self._spm = load_sentencepiece(directory / SPM)
+        check_files(directory, family)
+        # What cuts text into pieces: SentencePiece, as fairseq trained the model, or where
+        # transformers 5 saved tokenizer.json alone, the `tokenizers` library over it.
+        self._spm = load_sentencepiece(directory / SPM) if (directory / SPM).is_file() else None
+        self._fast = read_fast_tokenizer(directory / TOKENIZER_JSON) if self._spm is None else None
         numbered = _numbered_pieces(directory, family, self._spm)
         self.settings = (
             read_settings(directory / SETTINGS)
@@ -306,13 +316,22 @@ class FairseqTokenizer(BaseTokenizer):
         return [*codes, *row, self.eos_id]
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
-        """The ids of the pieces SentencePiece cuts each text into; nothing added. Pieces are
-        looked up as strings, as transformers' M2M100Tokenizer looks them up: fairseq built
-        M2M100's vocab.json from SentencePiece's output, where a character the model lacks
-        is itself ("É"), so the vocabulary numbers some of those."""
+        """The ids of the pieces SentencePiece (or tokenizer.json alone) cuts each text into;
+        nothing added. SentencePiece's pieces are looked up as strings, as transformers'
+        M2M100Tokenizer looks them up: fairseq built M2M100's vocab.json from SentencePiece's
+        output, where a character the model lacks is itself ("É"), so the vocabulary numbers
+        some of those."""
+        if self._spm is None:
+            return [encoding.ids for encoding in self._fast_encodings(texts)]
         vocab, unk = self._vocab, self.unk_id
         rows = self._spm.encode(list(texts), out_type=str, num_threads=self.threads)
         return [[vocab.get(p, unk) for p in row] for row in rows]
+
+    def _fast_encodings(self, texts: list[str]) -> list:
+        """tokenizer.json's encodings of `texts`, nothing added. One at a time: as fast as
+        `encode_batch` on 2 cores (measured), and no thread pool of the `tokenizers` library's
+        to carry into the processes `data.prepared` forks to encode a large corpus."""
+        return [self._fast.encode(text, add_special_tokens=False) for text in texts]
 
     def truncate_src(self, ids: list[int], max_len: int) -> list[int]:
         """Cut to `max_len` as transformers truncates: the leading codes and the final
@@ -352,6 +371,8 @@ class FairseqTokenizer(BaseTokenizer):
 
     def src_pieces(self, text: str) -> list[str]:
         codes, rest = split_tags(text, self._code_starts)
+        if self._spm is None:
+            return codes + self._fast_encodings([rest])[0].tokens
         return codes + self._spm.encode(rest, out_type=str)
 
     def src_id_pieces(self, ids: list[int]) -> list[str]:
@@ -387,13 +408,47 @@ class Numbered:
     numbers_codes: bool
 
 
-def _numbered_pieces(directory: Path, family: Family, sp: spm.SentencePieceProcessor) -> Numbered:
+def check_files(directory: Path, family: Family) -> None:
+    """InputError naming the first file `family` needs that `directory` lacks (`Family.needs`)."""
+    for group in family.needs:
+        if not any((directory / name).is_file() for name in group):
+            needs = " and ".join(" or ".join(names) for names in family.needs)
+            raise InputError(
+                f"{directory / group[0]}: missing (an {family.title} tokenizer needs {needs})"
+            )
+
+
+def read_fast_tokenizer(path: Path):
+    """tokenizer.json as a `tokenizers.Tokenizer` that cuts a text into its pieces alone: no
+    truncation or padding the file may keep, its special tokens typed in a text read as text.
+
+    Raises:
+        InputError: not a tokenizer the `tokenizers` library reads, naming the file.
+    """
+    from tokenizers import Tokenizer as Fast
+
+    try:
+        fast = Fast.from_file(str(path))
+    except Exception as e:  # tokenizers raises its own Exception for any malformed file
+        why = " ".join(str(e).split())[:120]
+        raise InputError(f"{path}: not a tokenizer the tokenizers library reads ({why})") from None
+    fast.no_truncation()
+    fast.no_padding()
+    fast.encode_special_tokens = True
+    return fast
+
+
+def _numbered_pieces(
+    directory: Path, family: Family, sp: spm.SentencePieceProcessor | None
+) -> Numbered:
     """The pieces' ids: vocab.json's (M2M100), tokenizer.json's, or fairseq's layout over
     SentencePiece's (its <unk> <s> </s> at 0-2 become <s> <pad> </s> <unk>, the rest move up
-    one, as transformers' converters number them)."""
+    one, as transformers' converters number them). `sp`: None where tokenizer.json is alone."""
     if family is M2M100:
         return Numbered(pieces_by_id(read_vocabulary(directory / VOCAB)), frozenset(), False)
     path = directory / TOKENIZER_JSON
+    if sp is None:
+        return _read_tokenizer_json(path)
     if path.is_file():
         numbered = _read_tokenizer_json(path)
         known = set(numbered.pieces)

@@ -57,6 +57,8 @@ class MarianTokenizer(BaseTokenizer):
     unless two vocabularies give them others).
     """
 
+    lang_token = ">>{lang}<<"  # OPUS-MT's: `_is_language_token`'s pieces are its tags
+
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.threads = THREADS

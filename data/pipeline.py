@@ -444,7 +444,8 @@ def adopt_tokenizer(
     directory is self-contained: a resumed run takes its own copy (the checkpoint's digest
     checks it), wherever it is resumed from and whatever became of `source` since. `added`:
     new language tokens the copy gets at its next ids (`data.new_languages`; `source` is
-    left as it is)."""
+    left as it is). The copy is made beside `directory` and renamed into place: a folder
+    there is whole, which a run killed before its first checkpoint restarts from."""
     if resume and Tokenizer.found_in(directory):
         return Tokenizer.load(directory)
     wanted = Tokenizer.load(source)
@@ -452,11 +453,14 @@ def adopt_tokenizer(
         have = Tokenizer.load(directory)
         if have.digest() == wanted.digest():
             return have
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
+    partial = directory.with_name(f".{directory.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
     for path in wanted.model_paths():
-        shutil.copyfile(path, directory / path.name)
-    add_tokens(directory, added or [])
+        shutil.copyfile(path, partial / path.name)
+    add_tokens(partial, added or [])
+    shutil.rmtree(directory, ignore_errors=True)
+    partial.rename(directory)
     log.info("using the tokenizer of %s", source)
     return Tokenizer.load(directory)
 

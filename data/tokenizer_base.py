@@ -13,6 +13,7 @@ import difflib
 import hashlib
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from pathlib import Path
 
 import sentencepiece as spm
@@ -38,6 +39,9 @@ class BaseTokenizer(ABC):
             model reads or writes a language token of its own (NLLB's "fra_Latn"); else empty.
         src_lang: the language the model's files name as a source's where a line names none
             (tokenizer_config.json's `src_lang`), or None.
+        lang_token: the form of a language's token where the kind's files fix one, {lang}
+            filled in (an OPUS-MT vocabulary's ">>{lang}<<", the only pieces it reads as
+            tags), or None: a run's `data.lang_token` says.
         threads: SentencePiece's threads per `encode_*` call.
     """
 
@@ -52,6 +56,7 @@ class BaseTokenizer(ABC):
     tags: dict[str, int]
     languages: dict[str, str]
     src_lang: str | None = None
+    lang_token: str | None = None
     threads: int = THREADS
     _paths: list[Path]  # the files that make the tokenizer what it is: `model_paths`
 
@@ -151,12 +156,30 @@ class BaseTokenizer(ABC):
         return list(self._paths)
 
     def digest(self) -> str:
-        """sha256 (hex) of `model_paths`: identifies the tokenizer in caches and checkpoints."""
-        sha = hashlib.sha256()
-        for path in self._paths:
-            sha.update(path.name.encode())
-            sha.update(path.read_bytes())
-        return sha.hexdigest()
+        """sha256 (hex) of what `model_paths` hold (`content`): identifies the tokenizer in
+        caches and checkpoints, one digest for two tokenizers of the same content."""
+        return _sha256((path.name, self.content(path)) for path in self._paths)
+
+    def content(self, path: Path) -> bytes:
+        """What the file `path` (one of `model_paths`) holds, as `digest` hashes it: its bytes
+        (tf's own SentencePiece models: less where they were trained, `Tokenizer.content`)."""
+        return path.read_bytes()
+
+    def digests(self) -> tuple[str, ...]:
+        """The digests a checkpoint of this tokenizer may record as its `tokenizer_digest`:
+        `digest`, and the sha256 of the files' bytes, which runs recorded before the digest
+        left out where SentencePiece trained a model (their checkpoints load as they did)."""
+        files = _sha256((path.name, path.read_bytes()) for path in self._paths)
+        return tuple(dict.fromkeys((self.digest(), files)))
+
+
+def _sha256(files: Iterable[tuple[str, bytes]]) -> str:
+    """sha256 (hex) of (name, content) pairs, in order."""
+    sha = hashlib.sha256()
+    for name, content in files:
+        sha.update(name.encode())
+        sha.update(content)
+    return sha.hexdigest()
 
 
 def load_sentencepiece(path: Path) -> spm.SentencePieceProcessor:

@@ -10,6 +10,7 @@ encoder output (rows D: of the same matrix), once per source when decoding step 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -321,10 +322,28 @@ def written_out_attention(
         scores = scores + keep
     elif keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1)
+    probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
     if dropout_p:
         probs = dropout(probs, dropout_p)
     return probs.to(v.dtype) @ v
+
+
+def float64_attention(
+    q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, is_causal: bool
+) -> Tensor:
+    """What `scaled_dot_product_attention` computes, in float64 and rounded to float32: a
+    row's numbers then do not depend on the rows and padding beside it. In float32 they do,
+    in their last bits: the kernels sum over the keys in another order when a batch's padding
+    adds keys (masked, weight 0) or its rows make another kernel run, and int8's rounding of
+    the next layer's input (`model.int8`) turns such a bit into a whole step now and then:
+    7 of 100 test sentences translated otherwise alone than in a batch (`demo`, int8, beam 5).
+    float64's differences are some 2^-29 of float32's last bit and vanish when rounded (none
+    in those 100 sentences, whose scores were the same bit for bit). For decoding, no dropout.
+    """
+    if keep is not None and keep.is_floating_point():  # `keep_bias`, in the keys' dtype
+        keep = keep.double()
+    # Written out: SDPA's float64 kernel took up to 4x its time (a greedy step's 100 rows).
+    return written_out_attention(q.double(), k.double(), v.double(), keep, is_causal, 0.0).float()
 
 
 def _many_single_queries(q: Tensor) -> bool:
@@ -356,8 +375,12 @@ class MultiheadAttention(nn.Module):
         self.lora_q: nn.Module | None = None
         self.lora_k: nn.Module | None = None
         self.lora_v: nn.Module | None = None
-        # Packed copies of in_proj's rows for decoding on a CPU (`model.packed`), by part.
-        self.packed: dict[str, PackedLinear] = {}
+        # Layers that compute in_proj's rows while decoding on a CPU, by part (`set_in_proj`):
+        # packed copies for oneDNN (`model.packed`) or int8 ones (`model.int8`).
+        self.packed: dict[str, nn.Module] = {}
+        # Attention in float64, rounded to float32 (`float64_attention`): for int8 decoding
+        # (`model.int8`), where a row's numbers must not depend on the rows beside it.
+        self.attend_in_float64 = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -373,10 +396,15 @@ class MultiheadAttention(nn.Module):
 
     def pack(self, dtype: torch.dtype) -> None:
         """Pack each part of in_proj that `_in_proj` computes (`model.packed.pack_linears`)."""
+        self.set_in_proj(lambda w, b: PackedLinear(w, b, dtype))
+
+    def set_in_proj(self, layer: Callable[[Tensor, Tensor], nn.Module]) -> None:
+        """Compute each part of in_proj that `_in_proj` computes ("qkv", "q", "kv") with
+        `layer(its weight rows, its bias rows)` from now on (packed, `pack`; int8,
+        `model.int8.quantize_linears`)."""
         for part in ("qkv", "q", "kv"):
             rows = self._rows(part)
-            w, b = self.in_proj_weight[rows], self.in_proj_bias[rows]
-            self.packed[part] = PackedLinear(w, b, dtype)
+            self.packed[part] = layer(self.in_proj_weight[rows], self.in_proj_bias[rows])
 
     def _rows(self, part: str) -> slice:
         """in_proj's rows of `part`: "qkv" all (self-attention), "q" W_q, "kv" W_k and W_v."""
@@ -424,7 +452,9 @@ class MultiheadAttention(nn.Module):
         """
         dropout_p = self.dropout if self.training else 0.0
         half = q.dtype in (torch.bfloat16, torch.float16)
-        if q.device.type == "cpu" and half and not torch.is_grad_enabled():
+        if self.attend_in_float64:
+            out = float64_attention(q, k, v, keep, is_causal)
+        elif q.device.type == "cpu" and half and not torch.is_grad_enabled():
             # Decoding under CPU autocast: in float32, with autocast off around it (autocast
             # casts SDPA's inputs to bf16 whatever they are, and its bf16 CPU kernel took 1.1 ms
             # where float32's took 0.34, one step's attention of 100 rows over 30 keys, 1 thread,
@@ -496,8 +526,17 @@ class CrossAttention(MultiheadAttention):
         k, v = self._split_heads(kv, 2)  # (B, H, S, D/H) each
         if not torch.is_grad_enabled():  # decoding: kept for every step, moved by reorders,
             # which copy contiguous rows 4x as fast as these views' (tried: (100, 4, 48, 64)).
-            k, v = (t.contiguous() for t in decoding_dtype(k, v))
+            k, v = (t.contiguous() for t in self._memory_kept(k, v))
         return KVCache(k, v)
+
+    def _memory_kept(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """The memory's keys and values as decoding keeps them (`decoding_dtype`); in float64
+        where attention runs in it (`float64_attention`): cast once per source, not at every
+        step. (Self-attention's cache stays float32, cast at each step: kept in float64, its
+        reorders copied twice the bytes, and an int8 search of the test set took as long.)"""
+        if self.attend_in_float64:
+            return keys.double(), values.double()
+        return decoding_dtype(keys, values)
 
     def _project_query(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, H, T, D/H)."""

@@ -49,21 +49,23 @@ from model.transformer import (
 
 # What a user names: W_q, W_k, W_v (rows of in_proj), W_o (out_proj); ffn: linear1 and linear2.
 LORA_TARGETS = ("q", "k", "v", "o", "ffn")
-# What `freeze_for_lora` leaves trainable beside the adapters, when named.
-TRAINABLE_GROUPS = (
-    "norms",
-    "output_bias",
-    "embeddings",
-    "positions",
-    "embeddings_of_new_languages",
-)
+# What `freeze_for_lora` leaves trainable beside the adapters, when named: the groups add up
+# (a parameter trains wherever one of the groups named trains it).
+NEW_ROWS = "embeddings_of_new_languages"  # some rows of matrices, where the others are whole
+TRAINABLE_GROUPS = ("norms", "output_bias", "embeddings", "positions", NEW_ROWS)
 
 
 @dataclass
 class LoraConfig:
-    rank: int = 0  # 0: LoRA off (the default: a full fine-tuning, as before)
-    alpha: float = 16.0  # the update is (alpha / rank) B A, as Hu et al. 2021 and peft
-    dropout: float = 0.0  # on the adapter's input only, as peft's lora_dropout
+    """`train.lora`: each number's range is its field's `metadata["range"]`, an interval that
+    the config's loader checks (`cli/config.py`)."""
+
+    # 0: LoRA off (the default: a full fine-tuning, as before).
+    rank: int = field(default=0, metadata={"range": "[0, inf)"})
+    # The update is (alpha / rank) B A, as Hu et al. 2021 and peft.
+    alpha: float = field(default=16.0, metadata={"range": "(0, inf)"})
+    # On the adapter's input only, as peft's lora_dropout.
+    dropout: float = field(default=0.0, metadata={"range": "[0, 1)"})
     targets: list[str] = field(default_factory=lambda: ["q", "k", "v", "o"])
 
 
@@ -112,6 +114,8 @@ def _check_settings(lora: LoraConfig) -> None:
             )
     if not lora.alpha > 0:
         raise ValueError(f"alpha {lora.alpha} must be above 0 (the update is alpha / rank B A)")
+    if not math.isfinite(lora.alpha):  # an infinite scale: every output inf or NaN
+        raise ValueError(f"alpha {lora.alpha} must be a finite number")
     if not 0 <= lora.dropout < 1:
         raise ValueError(f"dropout {lora.dropout} must be in [0, 1)")
     if lora.rank > 0 and not lora.targets:
@@ -158,8 +162,8 @@ class LoraLinear(nn.Linear):
 
     Code that reads `.weight` directly sees the base weight alone: `pack_linears` leaves
     these layers unpacked (it packs exact `nn.Linear`s only), so a packed adapted model still
-    computes its update; pruning (`tf prune`), the exporters, `tf average` and dynamic int8
-    quantisation (`torch.ao.quantization.quantize_dynamic`, which also skips this type) must be
+    computes its update; pruning (`tf prune`), the exporters, `tf average` and int8
+    quantisation (`model.int8.quantize_linears`, which also skips this type) must be
     given merged models (`merge_lora`).
     """
 
@@ -325,8 +329,9 @@ def freeze_for_lora(
             token embeddings, tied ones once), "positions" (learned position tables),
             "embeddings_of_new_languages" (the rows `new_rows` names, alone).
         new_rows: {parameter name: its first row of a new language}: those parameters train,
-            a gradient hook zeroing every earlier row's gradient (Adam without weight decay
-            then leaves those rows exactly as they are: its moments stay zero).
+            where no other group trains them whole (`rows_trained_alone`), a gradient hook
+            zeroing every earlier row's gradient (Adam without weight decay then leaves those
+            rows exactly as they are: its moments stay zero).
 
     Returns:
         The names of the parameters left trainable, in `named_parameters()` order.
@@ -339,14 +344,31 @@ def freeze_for_lora(
             )
     adapters = set(lora_parameters(model))
     keep = {id(p) for name, p in model.named_parameters() if name in adapters}
-    for group in dict.fromkeys(trainable):
-        if group != "embeddings_of_new_languages":
-            keep |= {id(p) for p in _group_parameters(model, group)}
-    if "embeddings_of_new_languages" in trainable:
-        keep |= _train_new_rows(model, new_rows or {})
+    keep |= _whole(model, trainable)
+    keep |= _train_new_rows(model, rows_trained_alone(model, trainable, new_rows))
     for p in model.parameters():
         p.requires_grad_(id(p) in keep)
     return [name for name, p in model.named_parameters() if p.requires_grad]
+
+
+def _whole(model: nn.Module, trainable: list[str]) -> set[int]:
+    """The ids of the parameters that the groups `trainable` names train whole."""
+    groups = [group for group in dict.fromkeys(trainable) if group != NEW_ROWS]
+    return {id(p) for group in groups for p in _group_parameters(model, group)}
+
+
+def rows_trained_alone(
+    model: nn.Module, trainable: list[str], new_rows: dict[str, int] | None
+) -> dict[str, int]:
+    """The entries of `new_rows` ({parameter name: its first new row}) whose parameter trains
+    its new rows alone: none unless `trainable` names `embeddings_of_new_languages`, and none
+    of a parameter that another group it names trains whole (`embeddings`: the token
+    embeddings; `output_bias`): the groups add up, the whole matrix winning."""
+    if NEW_ROWS not in trainable or not new_rows:
+        return {}
+    whole = _whole(model, trainable)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    return {name: first for name, first in new_rows.items() if id(params[name]) not in whole}
 
 
 def _train_new_rows(model: nn.Module, new_rows: dict[str, int]) -> set[int]:

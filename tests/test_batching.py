@@ -280,6 +280,14 @@ def test_a_state_that_cannot_be_shared_out_is_refused():
         make_iterator(src, tgt, world_size=2, split=3)
 
 
+def test_a_refused_state_counts_one_rank_and_one_batch():
+    src, tgt = corpus(301)
+    one = make_iterator(src, tgt)
+    next(iter(one))
+    with pytest.raises(ValueError, match="cut for 1 rank taking 1 batch together; 2 ranks"):
+        make_iterator(src, tgt, rank=0, world_size=2).load_state_dict(one.state_dict())
+
+
 def test_an_epoch_smaller_than_an_update_is_cut_for_the_ranks_alone():
     """3 pairs and 4 batches an update: no multiple of 4 is within reach, so the epoch is
     cut as it was before `split` (its updates run across epochs), not refused."""

@@ -169,6 +169,26 @@ def test_average_rejects_different_models():
         average_state_dicts([{"a": torch.zeros(1)}, {"b": torch.zeros(1)}])
 
 
+def test_average_names_the_checkpoint_whose_tokenizer_or_parameters_differ(tmp_path):
+    """Of three checkpoints, the one of another tokenizer is named, with the one it differs
+    from (it used to say only that they differ); so is one of other parameters or shapes."""
+    paths = [tmp_path / f"{name}.pt" for name in ("a", "b", "c")]
+    for path, digest in zip(paths, ("x", "x", "y")):
+        save_atomic({**ckpt(1.0), "tokenizer_digest": digest}, path)
+    with pytest.raises(CheckpointError) as e:
+        run_average([str(p) for p in paths], 5, tmp_path / "avg.pt")
+    assert str(e.value).startswith(
+        f"{paths[2]}: was trained with another tokenizer than {paths[0]}"
+    )
+    wider = {**ckpt(1.0), "model": {"w": torch.zeros(4), "n": torch.tensor([7])}}
+    wider["tokenizer_digest"] = "x"
+    save_atomic(wider, paths[2])
+    with pytest.raises(CheckpointError) as e:
+        run_average([str(p) for p in paths], 5, tmp_path / "avg.pt")
+    assert str(e.value).startswith(f"{paths[2]}: holds different parameters than {paths[0]} (w)")
+    assert not (tmp_path / "avg.pt").exists()
+
+
 def test_average_of_a_run_takes_its_last_step_checkpoints(tmp_path):
     for step in (2, 10, 4, 6):
         save_atomic(ckpt(float(step)), tmp_path / "checkpoints" / f"step_{step}.pt")

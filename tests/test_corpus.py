@@ -148,6 +148,10 @@ def test_unequal_line_counts_name_both_files_and_counts(tmp_path):
     with pytest.raises(InputError) as err:
         load_corpus(str(tmp_path / "c"), "es", "en")
     assert_input_error(err, str(tmp_path / "c.es"), "3", str(tmp_path / "c.en"), "2")
+    write_parallel(tmp_path / "one", PAIRS[:1])
+    (tmp_path / "one.en").write_text("one\ntwo\n")
+    with pytest.raises(InputError, match="one.es: has 1 line but "):
+        load_corpus(str(tmp_path / "one"), "es", "en")
 
 
 @pytest.mark.parametrize("compress", [False, True])

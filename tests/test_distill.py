@@ -206,3 +206,38 @@ def test_a_reversed_corpus_gives_its_target_file_as_sources(tmp_path):
     (tmp_path / "c.en").write_text("one\ntwo\n")
     d = DataConfig(train=[CorpusConfig(str(tmp_path / "c"), reverse=True)])
     assert training_sources(d, d.corpora()) == ["one", "two"]
+
+
+def test_a_corpus_given_as_data_train_takes_one_is_that_corpus(trained, tiny_prefix, tmp_path):
+    """Issue 67, item 14: `--corpus "{corpus: PREFIX, ...}"`, a corpus as data.train takes it,
+    was read as a path ("...}.es: no such file"). Read by the config's schema, its own
+    languages, `reverse` and a list of such corpora give the sources the spec alone gives;
+    a weight (which would change nothing), an unknown key and a tag the teacher does not
+    reserve are one line each, before anything is written."""
+    lines = Path(f"{tiny_prefix}-dev.es").read_text().splitlines()[:6]
+    (tmp_path / "only.es").write_text("\n".join(lines) + "\n")
+    (tmp_path / "rev.es").write_text("\n".join(lines) + "\n")  # an en->es pair's target side
+    only, rev = tmp_path / "only", tmp_path / "rev"
+    plain = distilled(trained, tmp_path / "plain", "--corpus", only, "--beam", "1")
+    for n, corpus in enumerate(
+        [
+            f"{{corpus: {only}, src_lang: es, tgt_lang: en}}",
+            f"{{corpus: {only}}}",
+            f"{{corpus: {rev}, src_lang: en, tgt_lang: es, reverse: true}}",
+        ]
+    ):
+        out = tmp_path / f"mapped{n}"
+        assert distilled(trained, out, "--corpus", corpus, "--beam", "1") == plain, corpus
+        assert (out / "train.es").read_text().splitlines() == lines
+    listed = f"[{{corpus: {only}}}, {{corpus: {only}}}]"
+    twice = distilled(trained, tmp_path / "list", "--corpus", listed, "--beam", "1")
+    assert twice == plain + plain
+    for corpus, says in (
+        (f"{{corpus: {only}, weight: 2}}", "a weight changes nothing here"),
+        (f"{{corpus: {only}, wieght: 2}}", "unknown key 'corpus.wieght'"),
+        (f"{{corpus: {only}, tag: '<bt>'}}", "tag '<bt>' is no reserved piece"),
+        (f"{{corpus: {only}", "not a corpus in YAML"),
+    ):
+        out = tmp_path / "refused"
+        assert_user_error(tf("distill", trained, "--out", out, "--corpus", corpus, *FP32), says)
+        assert not out.exists()

@@ -241,3 +241,48 @@ def test_a_non_finite_check_on_one_rank_stops_every_rank(tmp_path, tiny_prefix):
         assert time.monotonic() < deadline, "a rank hung"
     assert (run / "stopped_0").exists() and (run / "stopped_1").exists()
     assert not (run / "checkpoints" / "last.pt").exists()
+
+
+@pytest.mark.parametrize(
+    "case, said",
+    [
+        ("a setting every rank refuses", "train.lr must be float"),
+        ("a run rank 0 alone finds there", "already holds a run"),
+        ("a corpus rank 0 alone reads first", "nowhere.es: no such file"),
+    ],
+)
+def test_a_refusal_under_torchrun_is_one_line_from_rank_0_and_no_traceback(
+    tmp_path, tiny_prefix, case, said
+):
+    """Every rank stops (where rank 0 refused alone, the others with it), rank 0 alone says
+    why, and every process exits 0: torchrun reports any other exit with a traceback of its
+    own (ChildFailedError) after each rank's."""
+    run = tmp_path / "run"
+    sets = [f"--set=data.train={tiny_prefix}", f"--set=data.dev={tiny_prefix}-dev"]
+    if case.startswith("a setting"):
+        sets.append("--set=train.lr=abc")
+    elif case.startswith("a run"):
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("")
+    else:
+        sets[0] = f"--set=data.train={tmp_path}/nowhere"
+    refused = torchrun("tiny", "--out", str(run), *sets)
+    lines = [line for line in refused.stderr.splitlines() if "error" in line.lower()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], refused.stderr
+    assert "Traceback" not in refused.stderr and "ChildFailedError" not in refused.stderr
+    assert refused.returncode == 0
+
+
+def test_resume_messages_count_one_process_and_one_batch():
+    from types import SimpleNamespace
+
+    ckpt = {"world_size": 1, "config": {"train": {"update_freq": 1}}}
+    trainer = SimpleNamespace(dist=distributed.Dist(0, 2, 0))
+    with pytest.raises(TrainingError) as e:
+        Trainer.check_world_size(trainer, ckpt, Path("last.pt"))
+    assert "written by 1 process taking 1 batch an update" in str(e.value)
+    ckpt = {"world_size": 2, "config": {"train": {"update_freq": 1}}}
+    trainer = SimpleNamespace(dist=distributed.Dist(), config=load_config("tiny"))
+    with pytest.raises(TrainingError) as e:
+        Trainer.check_world_size(trainer, ckpt, Path("last.pt"))
+    assert "in 1 process resume with --set train.update_freq=2 " in str(e.value)

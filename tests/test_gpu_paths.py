@@ -360,15 +360,21 @@ def test_compile_without_a_kernel_compiler_is_refused_up_front(monkeypatch, devi
 
 
 def test_more_torchrun_processes_than_gpus_is_one_line(monkeypatch):
+    """Refused on every rank alike (torchrun's LOCAL_WORLD_SIZE), rank 0 too: a rank that
+    stopped alone would leave the others waiting for it in the process group."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
-    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3"}.items():
+    for name, value in {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}.items():
         monkeypatch.setenv(name, value)
-    with pytest.raises(InputError, match="LOCAL_RANK 3: this machine has 2 CUDA device"):
-        distributed.init("cuda")
+    for rank in ("0", "3"):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", rank)
+        with pytest.raises(InputError, match="4 processes on this machine, which has 2 CUDA dev"):
+            distributed.init("cuda")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert distributed.init("cuda")[1] == torch.device("cuda", 1)
 

@@ -310,8 +310,8 @@ def edit(name: str, **values):
     return lambda directory, tokenizers: edit_json(directory / name, **values)
 
 
-def remove(name: str):
-    return lambda directory, tokenizers: (directory / name).unlink()
+def remove(*names: str):
+    return lambda directory, tokenizers: [(directory / name).unlink() for name in names]
 
 
 def mbart25(named: bool):
@@ -354,8 +354,9 @@ CASES = [  # kind, what is done to its files, what the one line says
     ("mbart50", mbart25(named=False), "tokenizer.json: an mBART-25 model (25 language codes"),
     (
         "nllb",
-        remove("sentencepiece.bpe.model"),
-        "sentencepiece.bpe.model: missing (an NLLB-200 tokenizer needs sentencepiece.bpe.model)",
+        remove("sentencepiece.bpe.model", "tokenizer.json"),  # (either one reads the text)
+        "sentencepiece.bpe.model: missing (an NLLB-200 tokenizer needs sentencepiece.bpe.model "
+        "or tokenizer.json)",
     ),
     ("m2m100", remove("vocab.json"), "vocab.json: missing (an M2M100 tokenizer needs"),
     (
@@ -386,7 +387,7 @@ IDS = [
     "nllb-moe",
     "mbart-cc25",
     "mbart-cc25-unnamed",
-    "no-sentencepiece",
+    "no-sentencepiece-nor-tokenizer-json",
     "no-vocab-json",
     "vocabulary-past-the-embeddings",
     "decoder-start",

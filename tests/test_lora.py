@@ -4,6 +4,7 @@ gradients, dropout and the settings' errors, on tiny models in Post-LN and in NL
 from __future__ import annotations
 
 import copy
+import itertools
 from collections import Counter
 
 import pytest
@@ -19,6 +20,7 @@ from model import m2m100, mbart
 from model.dropout import dropout
 from model.lora import (
     LORA_TARGETS,
+    TRAINABLE_GROUPS,
     LoraAdapter,
     LoraConfig,
     LoraLinear,
@@ -27,6 +29,7 @@ from model.lora import (
     freeze_for_lora,
     lora_parameters,
     merge_lora,
+    rows_trained_alone,
 )
 from model.packed import can_pack, pack_linears
 from model.transformer import ModelConfig, Transformer
@@ -261,6 +264,54 @@ def test_freezing_leaves_the_named_groups_trainable():
     assert "encoder.layers.0.self_attn.in_proj_weight" in frozen
     assert "decoder.layers.1.linear1.weight" in frozen
     assert all(model.get_parameter(n).grad is not None for n in trainable)
+
+
+NEW = VOCAB - 2  # the first of two new languages' rows
+GROWN = ("src_embed.token.weight", "tgt_embed.token.weight", "generator.weight", "generator.bias")
+
+
+def moved_by(groups: tuple[str, ...], tie: str) -> dict[str, torch.Tensor]:
+    """Which elements of each weight one Adam step (no weight decay) moves, `groups` trainable
+    beside adapters on W_v: a model of every group (learned positions, an output bias), its
+    last two ids new languages' (as `cli.training.new_languages.first_new_rows` names them),
+    on a batch that holds those ids. Asserts that the parameters whose new rows alone train
+    (`rows_trained_alone`: what a checkpoint keeps of them) moved nowhere else."""
+    layout = {**mbart.LAYOUT, "max_positions": 20, "tie_embeddings": tie}
+    _, model = adapted(targets=["v"], **layout)
+    model.train()
+    new_rows = {name: NEW for name in GROWN}
+    names = freeze_for_lora(model, list(groups), new_rows)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.Adam([model.get_parameter(n) for n in names], lr=0.1)
+    src = torch.tensor([[5, NEW, 7, VOCAB - 1, 9], [NEW + 1, 4, NEW, 6, 8]])
+    tgt = torch.tensor([[2, NEW, 11, VOCAB - 1, 3], [2, 12, NEW, 13, 3]])
+    logits = model(src, tgt[:, :-1], src == 0, tgt[:, :-1] == 0)
+    F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten()).backward()
+    optimizer.step()
+    moved = {k: v != before[k] for k, v in model.state_dict().items()}
+    for name, first in rows_trained_alone(model, list(groups), new_rows).items():
+        assert moved[name][first:].any() and not moved[name][:first].any(), (groups, name)
+    return moved
+
+
+@pytest.mark.parametrize("tie", ["all", "none"])
+def test_every_combination_of_trainable_groups_trains_what_its_groups_train_alone(tie):
+    """The groups add up: `[embeddings, embeddings_of_new_languages]` trains every row (the new
+    rows' group used to freeze the old ones of the same matrix), `[output_bias,
+    embeddings_of_new_languages]` the whole bias; every subset of the groups moves the union
+    of what each of its groups moves alone, tied or untied."""
+    alone = {group: moved_by((group,), tie) for group in TRAINABLE_GROUPS}
+    adapters_only = moved_by((), tie)
+    for size in range(2, len(TRAINABLE_GROUPS) + 1):
+        for groups in itertools.combinations(TRAINABLE_GROUPS, size):
+            moved = moved_by(groups, tie)
+            for name, mask in moved.items():
+                union = adapters_only[name].clone()
+                for group in groups:
+                    union |= alone[group][name]
+                assert torch.equal(mask, union), (groups, name)
+    assert alone["embeddings"]["src_embed.token.weight"][:NEW].any()  # the old rows train
+    assert alone["output_bias"]["generator.bias"][:NEW].any()
 
 
 def test_an_unknown_group_names_the_valid_ones():

@@ -214,7 +214,10 @@ def test_frozen_matrices_held_in_bf16_give_the_same_numbers():
         return loss.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
     before, grads = loss_and_grads()
+    count, names = model.num_parameters(), model.state_dict().keys()
     hold_frozen(model, torch.bfloat16)
+    assert model.num_parameters() == count  # the bf16 copy is no second parameter
+    assert model.state_dict().keys() == names
     after, grads_after = loss_and_grads()
     assert torch.equal(before, after)
     assert all(torch.equal(a, b) for a, b in zip(grads, grads_after))
@@ -240,3 +243,57 @@ def test_an_unchanged_base_is_not_hashed_again_and_a_copied_one_is(adapted, tmp_
     copy = shutil.copytree(adapted, tmp_path / "copy")
     load_for_inference(copy, CPU)
     assert hashed == [copy / "base.pt"]
+
+
+def test_validation_decodes_the_merged_model_every_command_decodes(
+    trained, tiny_prefix, tmp_path, monkeypatch, caplog
+):
+    """A bf16 run (its frozen matrices held in bf16): each validation decodes the model that
+    `load_for_inference` builds from the checkpoint written with it, the base merged with the
+    adapters in float32, bit for bit (it decoded the adapted model, whose numbers differ:
+    dev BLEU 0.52 where `tf eval` gave 0.53); and the parameters counted at the start are the
+    model's and its adapters', the output layer's bf16 copy not counted twice."""
+    import logging
+
+    from cli.training.trainer import Trainer
+    from model.lora import LoraConfig, add_lora
+
+    validated = []
+    real = Trainer.validate
+
+    def validate(self, model=None):
+        validated.append((model if model is not None else self.model_of_record).state_dict())
+        return real(self, model)
+
+    monkeypatch.setattr(Trainer, "validate", validate)
+    out = tmp_path / "run"
+    with caplog.at_level(logging.INFO, logger="cli"):
+        result = adapt(trained, out, tiny_prefix, "train.max_steps=2", "train.precision=bf16")
+    assert result.exit_code == 0, result.output
+    merged, _, config = load_for_inference(out / "checkpoints" / "last.pt", CPU)
+    assert len(validated) == 1 and validated[0].keys() == merged.state_dict().keys()
+    for name, value in merged.state_dict().items():
+        assert torch.equal(validated[0][name], value), name
+    add_lora(merged, LoraConfig(rank=4))  # q, k, v, o: the run's adapters
+    counted = [r.getMessage() for r in caplog.records if "M parameters" in r.getMessage()]
+    assert counted and f"{merged.num_parameters() / 1e6:.2f}M parameters" in counted[0]
+
+
+def test_a_copied_base_is_hashed_once_then_its_copy_is_recorded(adapted, tmp_path, monkeypatch):
+    """A copied run (another inode, another change time) hashes its base.pt at its first load
+    only: the verified copy is recorded beside it (it was hashed again at every load,
+    forever). A base changed after that is still refused."""
+    from cli.training import lora
+
+    hashed = []
+    real = lora.file_sha256
+    monkeypatch.setattr(lora, "file_sha256", lambda path: hashed.append(path) or real(path))
+    copy = shutil.copytree(adapted, tmp_path / "copy")
+    for _ in range(3):
+        load_for_inference(copy, CPU)
+    assert hashed == [copy / "base.pt"]
+    base = load_checkpoint(copy / "base.pt")
+    first = next(iter(base["model"]))
+    base["model"][first] = base["model"][first] + 1
+    torch.save(base, copy / "base.pt")
+    assert_user_error(tf("translate", copy, "--greedy", input="Hola\n"), "base.pt", "changed")

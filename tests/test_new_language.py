@@ -4,7 +4,9 @@ it) with ast_Latn (Asturian) left out of its tokenizer stands in for a model tha
 tuned on spa_Latn -> ast_Latn (the fixture's English side relabelled) it gets ast_Latn at the
 next id, every old id and row unchanged, and its exports carry it (a code transformers'
 `NllbTokenizer` lists among its own, at another id); a tf multilingual run gets a
-new `<2xx>` token; LoRA trains the new rows alone; bad settings are one line, nothing written.
+new `<2xx>` token; a one-way model (a tf run, an OPUS-MT import) tokens for its old target and
+the new one, in its form (issue 67, item 11); LoRA trains the new rows alone; bad settings are
+one line, nothing written.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from benchmarks.fairseq_standin import (
     train_spm,
 )
 from benchmarks.marian_standin import bundled_lines
-from cli.training.checkpoint import load_checkpoint, load_for_inference
+from cli.training.checkpoint import load_checkpoint, load_for_inference, resolve_checkpoint
 from data.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -329,6 +331,46 @@ def test_an_opus_mt_import_gets_a_new_target_token(tiny_prefix, tmp_path):
     assert result.exit_code == 0, result.output
 
 
+def test_trainable_groups_add_up_with_the_new_languages_rows(tiny_prefix, tmp_path):
+    """`train.trainable: [output_bias, embeddings, embeddings_of_new_languages]` on an OPUS-MT
+    import (an output bias, one vocabulary): the whole embedding matrix and the whole bias
+    train, old rows too (the new rows' group used to freeze them: old rows moved 0.0), the
+    checkpoints keep them whole, and the merged model is what a resume continues from."""
+    from test_import import small_standin
+
+    standin = small_standin(tmp_path, tiny_prefix, language_tokens=(">>fra<<", ">>spa<<"))
+    assert tf("import", standin, "-o", tmp_path / "run").exit_code == 0
+    for split, source in (("train", tiny_prefix), ("dev", f"{tiny_prefix}-dev")):
+        shutil.copyfile(f"{source}.es", tmp_path / f"{split}.es")
+        shutil.copyfile(f"{source}.en", tmp_path / f"{split}.xyz")
+    rules = [
+        f'data.train=[{{corpus: "{tmp_path}/train", src_lang: es, tgt_lang: xyz}}]',
+        f'data.dev=[{{corpus: "{tmp_path}/dev", src_lang: es, tgt_lang: xyz}}]',
+        "data.new_languages=[{lang: xyz, init: fra}]",
+        "train.max_steps=2",
+        "train.max_tokens=512",
+        "train.lora.rank=2",
+        "train.lr=0.01",
+        "train.weight_decay=0",
+        "train.trainable=[output_bias, embeddings, embeddings_of_new_languages]",
+        "train.precision=fp32",
+        "train.eval_bleu_sentences=2",
+    ]
+    out = tmp_path / "xyz"
+    tuned = tf("train", "finetune", "--init", tmp_path / "run", "--out", out,
+               *[x for r in rules for x in ("--set", r)])  # fmt: skip
+    assert tuned.exit_code == 0, tuned.output
+    saved = load_checkpoint(out / "checkpoints" / "last.pt")
+    assert not saved.get("rows")  # nothing trains its new rows alone: kept whole
+    start = load_checkpoint(out / "base.pt")["model"]
+    merged = load_for_inference(out / "checkpoints" / "last.pt", torch.device("cpu"))[0]
+    merged = merged.state_dict()
+    for name in ("src_embed.token.weight", "generator.bias"):
+        assert merged[name].shape == start[name].shape == saved["model"][name].shape, name
+        moved = (merged[name] != start[name]).reshape(len(start[name]), -1).any(1)  # (V,)
+        assert moved[:-1].sum() > 1 and moved[-1], name  # old rows and the new one trained
+
+
 def test_tokenizers_that_cannot_grow_are_refused_in_one_line(nllb_run, tmp_path):
     """M2M100's codes come from transformers' fixed list; an NLLB-200 tokenizer without
     tokenizer.json numbers <mask> after its codes: a new code would move it."""
@@ -376,3 +418,91 @@ def test_mbart50_gets_a_new_language_end_to_end(corpora, tmp_path):
     # writes the new code as a target (forced_bos, above), not as a source (the README says so).
     with pytest.raises(KeyError, match="ast_XX"):
         transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", src_lang="ast_XX")
+
+
+def one_way_settings(tmp_path: Path, tiny_prefix: str, *extra: str) -> list:
+    """The fixture's pairs as es -> xyz, a language a one-way es->en model lacks."""
+    for split, source in (("train", tiny_prefix), ("dev", f"{tiny_prefix}-dev")):
+        shutil.copyfile(f"{source}.es", tmp_path / f"{split}.es")
+        shutil.copyfile(f"{source}.en", tmp_path / f"{split}.xyz")
+    rules = [
+        f'data.train=[{{corpus: "{tmp_path}/train", src_lang: es, tgt_lang: xyz}}]',
+        f'data.dev=[{{corpus: "{tmp_path}/dev", src_lang: es, tgt_lang: xyz}}]',
+        "data.new_languages=[{lang: xyz}]",
+        "train.max_steps=1",
+        "train.max_tokens=512",
+        "train.lora.rank=2",
+        "train.weight_decay=0",
+        *extra,
+    ]
+    return [x for r in rules for x in ("--set", r)]
+
+
+def assert_gains_both_targets(init: Path, out: Path, old: str, new: str) -> None:
+    """`out`'s tokenizer is `init`'s with the tokens of its old target and of the new one at
+    the next ids, their rows (base.pt: the weights it started from) the mean of every row;
+    each target translates."""
+    before, after = Tokenizer.load(init / "tokenizer"), Tokenizer.load(out / "tokenizer")
+    size = before.src_vocab_size
+    assert (
+        (after.tags[old], after.tags[new]) == (size, size + 1) == (size, after.src_vocab_size - 1)
+    )
+    assert after.src_vocabulary()[:size] == before.src_vocabulary()
+    weights = load_checkpoint(resolve_checkpoint(init)[0])["model"]
+    start = load_checkpoint(out / "base.pt")["model"]
+    for name in ("src_embed.token.weight", "generator.weight"):
+        assert torch.equal(start[name][:size], weights[name]), name
+        mean = weights[name].float().mean(0).to(weights[name].dtype)
+        assert torch.equal(start[name][size], mean) and torch.equal(start[name][size + 1], mean)
+    for lang in ("en", "xyz"):
+        result = tf("translate", out, "--to", lang, "--greedy", input="Y dijo Dios.\n")
+        assert result.exit_code == 0, result.output
+
+
+def test_a_one_way_run_gains_tokens_for_its_old_and_new_target(trained, tiny_prefix, tmp_path):
+    """An es->en run (no language tokens: one target) tuned on es->xyz writes two languages:
+    `<2en>` and `<2xyz>` join its tokenizer, `data.new_languages` naming xyz alone."""
+    out = tmp_path / "xyz"
+    tuned = tf("train", "tiny", "--init", trained, "--out", out,
+               *one_way_settings(tmp_path, tiny_prefix))  # fmt: skip
+    assert tuned.exit_code == 0, tuned.output
+    assert_gains_both_targets(trained, out, "<2en>", "<2xyz>")
+
+
+def test_a_one_way_opus_mt_import_gains_its_tokens_in_its_form(tiny_prefix, tmp_path):
+    """An OPUS-MT es->en import: `>>en<<` and `>>xyz<<`, the pieces its vocabulary reads as
+    tags, whatever `data.lang_token` the recipe leaves."""
+    from test_import import small_standin
+
+    standin = small_standin(tmp_path, tiny_prefix)
+    assert tf("import", standin, "-o", tmp_path / "run").exit_code == 0
+    out = tmp_path / "xyz"
+    tuned = tf("train", "finetune", "--init", tmp_path / "run", "--out", out,
+               *one_way_settings(tmp_path, tiny_prefix))  # fmt: skip
+    assert tuned.exit_code == 0, tuned.output
+    assert_gains_both_targets(tmp_path / "run", out, ">>en<<", ">>xyz<<")
+
+
+@pytest.mark.parametrize(
+    "new, fragments",
+    [
+        ("[{lang: pt}]", ("data.new_languages[0]: pt is only read", "drop it")),
+        (
+            "[{lang: xyz, init: es}]",
+            ("data.new_languages[0].init 'es'", "no language tokens", "leave init out"),
+        ),
+    ],
+)
+def test_a_one_way_models_new_language_needs_no_token_or_row_it_lacks(
+    trained, tiny_prefix, tmp_path, new, fragments
+):
+    """A source language of a model whose sources carry no token is transfer: no token to
+    add; a one-way model has no language row to copy. Each one line, nothing written."""
+    shutil.copyfile(f"{tiny_prefix}.es", tmp_path / "train.pt")
+    shutil.copyfile(f"{tiny_prefix}.en", tmp_path / "train.en")
+    rules = one_way_settings(tmp_path, tiny_prefix, f"data.new_languages={new}")
+    if "pt" in new:
+        rules += ["--set", f'data.train=[{{corpus: "{tmp_path}/train", src_lang: pt}}]']
+    out = tmp_path / "out"
+    assert_user_error(tf("train", "tiny", "--init", trained, "--out", out, *rules), *fragments)
+    assert not out.exists()

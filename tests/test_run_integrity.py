@@ -1,7 +1,9 @@
-"""A run is what its files say (issue 56, items 3, 8, 10, 25): a resume finds the pairs its
-checkpoint was cut from or refuses in one line; a fine-tuned run resumes from anywhere, whatever
-became of its init; a failed start leaves nothing behind; the fine-tuning recipe asks for no
-test set of its own; dev BLEU decodes `train.eval_bleu_sentences` per direction."""
+"""A run is what its files say (issue 56, items 3, 8, 10, 25; issue 67, items 9, 10): a resume
+finds the pairs its checkpoint was cut from or refuses in one line; a fine-tuned run resumes
+from anywhere, whatever became of its init, and so does a run of relative paths (recorded
+absolute); one killed before its first checkpoint restarts from its own tokenizer and base.pt,
+or names the init it needs; a failed start leaves nothing behind; the fine-tuning recipe asks
+for no test set of its own; dev BLEU decodes `train.eval_bleu_sentences` per direction."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+import torch
 from test_cli import assert_user_error, tf
 
 from cli.config import load_config
@@ -198,3 +202,155 @@ def test_bleu_sentences_a_short_dev_set_cannot_use_go_to_the_others():
     assert bleu_shares([es_en, es_en], [100, 1000], 500) == [100, 400]
     assert bleu_shares([es_en, es_en, en_es], [200, 200, 200], 5) == [3, 2, 5]
     assert bleu_shares([es_en, en_es], [30, 40], 0) == [30, 40]  # 0: all
+
+
+def test_every_path_a_config_names_is_recorded_absolute(tmp_path, monkeypatch):
+    """Corpora (a spec, a list's `corpus:`, a local `hf:` folder), the tokenizer and the init,
+    read from the working directory; hub names, bundled corpora and "" as they are; a saved
+    value naming the same place is kept as it is written."""
+    from cli.training.run import anchored
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "local").mkdir()
+    config = anchored(
+        load_config(
+            "tiny",
+            [
+                "data.train=[{corpus: c}, {corpus: pairs.tsv}, {corpus: 'hf:local@train'}]",
+                "data.dev=[{corpus: d/dev.jsonl}, {corpus: 'hf:org/name:cfg@dev'}]",
+                "data.test=''",
+                "data.tokenizer=tok",
+                "train.init=runs/base",
+            ],
+        )
+    )
+    d = config.data
+    assert [c.corpus for c in d.train] == [
+        f"{tmp_path}/c",
+        f"{tmp_path}/pairs.tsv",
+        f"hf:{tmp_path}/local@train",
+    ]
+    assert [s.corpus for s in d.dev] == [f"{tmp_path}/d/dev.jsonl", "hf:org/name:cfg@dev"]
+    assert (d.test, d.tokenizer, config.train.init) == (
+        "",
+        f"{tmp_path}/tok",
+        f"{tmp_path}/runs/base",
+    )
+    assert anchored(load_config("tiny")).data.train == "bundled:bible-es-en/train"
+    saved = load_config("tiny", ["data.train=c", "data.dev=/elsewhere/d"])
+    wanted = anchored(saved, like=saved)
+    assert (wanted.data.train, wanted.data.dev) == ("c", "/elsewhere/d")
+
+
+def test_a_run_of_relative_paths_resumes_from_any_directory(
+    tmp_path, tiny_prefix, tiny_tokenizer, monkeypatch
+):
+    """Corpora, dev and test sets and the tokenizer named relative to where the run started:
+    `tf train --resume` from elsewhere finds them; one gone is named whole."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("", "-dev"):
+        shutil.copy(f"{tiny_prefix}{name}.es", work / f"c{name}.es")
+        shutil.copy(f"{tiny_prefix}{name}.en", work / f"c{name}.en")
+    tsv(work / "pairs.tsv", tiny_prefix)
+    shutil.copytree(tiny_tokenizer.directory, work / "tok")
+    monkeypatch.chdir(work)
+    args = sets(
+        "data.train=[{corpus: c}, {corpus: pairs.tsv}]",
+        "data.dev=[{corpus: c-dev}]",
+        "data.test=c-dev",
+        "data.tokenizer=tok",
+        "train.max_steps=1",
+        "train.eval_every=0",
+    )
+    assert tf("train", "tiny", "--out", "run", *args).exit_code == 0
+    saved = load_config(work / "run" / "config.yaml")
+    assert [c.corpus for c in saved.data.train] == [f"{work}/c", f"{work}/pairs.tsv"]
+    assert (saved.data.dev[0].corpus, saved.data.test) == (f"{work}/c-dev", f"{work}/c-dev")
+    assert saved.data.tokenizer == f"{work}/tok"
+    monkeypatch.chdir(tmp_path)
+    more = ("--allow-config-change", *sets("train.max_steps=2"))
+    result = tf("train", "--resume", "work/run", *more)
+    assert result.exit_code == 0, result.output
+    assert load_checkpoint(work / "run" / "checkpoints" / "last.pt")["step"] == 2
+    (work / "c.es").unlink()
+    assert_user_error(tf("train", "--resume", "work/run", *more), f"{work}/c.es: no such file")
+
+
+def killed_before_its_first_checkpoint(run: Path) -> None:
+    """What a run killed during its first updates leaves: no checkpoint, a metrics file."""
+    shutil.rmtree(run / "checkpoints")
+    (run / "metrics.jsonl").write_text("")
+
+
+def test_a_lora_run_killed_before_its_first_checkpoint_restarts_without_its_init(
+    tmp_path, tiny_prefix, trained, monkeypatch
+):
+    """Its base.pt and its tokenizer hold what its init gave it: it starts again from them,
+    wherever it is resumed from, and trains the very updates it would have."""
+    shutil.copytree(trained, tmp_path / "init")
+    monkeypatch.chdir(tmp_path)
+    args = sets(
+        f"data.train={tiny_prefix}",
+        f"data.dev={tiny_prefix}-dev",
+        "train.lora.rank=2",
+        "train.max_steps=2",
+        "train.eval_every=0",
+        "train.deterministic=true",
+        "train.precision=fp32",
+    )
+    assert tf("train", "tiny", "--init", "init", "--out", "ft", *args).exit_code == 0
+    first = load_checkpoint(tmp_path / "ft" / "checkpoints" / "last.pt")
+    killed_before_its_first_checkpoint(tmp_path / "ft")
+    shutil.rmtree(tmp_path / "init")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = tf("train", "--resume", "../ft")
+    assert result.exit_code == 0, result.output
+    again = load_checkpoint(tmp_path / "ft" / "checkpoints" / "last.pt")
+    assert again["step"] == 2 and again["base"]["sha256"] == first["base"]["sha256"]
+    assert again["model"].keys() == first["model"].keys()
+    for name, weights in first["model"].items():
+        assert torch.equal(again["model"][name], weights), name
+
+
+def test_a_full_fine_tune_killed_before_its_first_checkpoint_says_its_init_is_gone(
+    tmp_path, tiny_prefix, trained
+):
+    """Its first weights are its init's: the refusal names the init, not its tokenizer
+    folder, and touches nothing."""
+    init, run = tmp_path / "init", tmp_path / "ft"
+    shutil.copytree(trained, init)
+    args = sets(
+        f"data.train={tiny_prefix}",
+        f"data.dev={tiny_prefix}-dev",
+        "train.max_steps=1",
+        "train.eval_every=0",
+    )
+    assert tf("train", "tiny", "--init", init, "--out", run, *args).exit_code == 0
+    killed_before_its_first_checkpoint(run)
+    shutil.rmtree(init)
+    before = sorted(p.name for p in run.iterdir())
+    result = tf("train", "--resume", run)
+    assert_user_error(result, f"train.init {init}: gone", "--force")
+    assert "tokenizer" not in result.stderr
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert (run / "metrics.jsonl").exists()
+
+
+def test_a_tokenizer_copy_is_whole_or_absent(tmp_path, tiny_tokenizer, monkeypatch):
+    """A run's copy of an adopted tokenizer (a restart takes it as its init's) is made aside
+    and renamed into place: a copy that fails half-way leaves no folder."""
+    import data.pipeline
+    from data.errors import InputError
+    from data.pipeline import adopt_tokenizer
+
+    def fail(directory, tokens):
+        raise InputError("killed")
+
+    monkeypatch.setattr(data.pipeline, "add_tokens", fail)
+    out = tmp_path / "run" / "tokenizer"
+    with pytest.raises(InputError, match="killed"):
+        adopt_tokenizer(tiny_tokenizer.directory, out, resume=False, added=["<2xyz>"])
+    assert not out.exists()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_export import sharp  # noqa: F401 - fixture
 
 from cli.commands.serve import read_page
 from cli.device import search_workers
@@ -272,10 +273,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("kind", ["run", "ctranslate2"])
-def test_tf_serve_starts_from_the_command_line(trained, tmp_path, kind):
-    """The real command, for a run and for an exported CTranslate2 directory."""
-    target = trained
+@pytest.mark.parametrize("kind", ["run", "ctranslate2", "ensemble"])
+def test_tf_serve_starts_from_the_command_line(trained, sharp, tmp_path, kind):  # noqa: F811
+    """The real command, for a run, for an exported CTranslate2 directory and for an ensemble
+    of two runs, whose requests join the search processes' lanes (searched whole there)."""
+    target, options = trained, []
+    if kind == "ensemble":
+        options = [str(sharp), "--schedule", "steps", "--set", "decode.precision=fp32"]
     if kind == "ctranslate2":
         pytest.importorskip("ctranslate2")
         target = tmp_path / "ct2"
@@ -287,7 +291,8 @@ def test_tf_serve_starts_from_the_command_line(trained, tmp_path, kind):
         )
         assert done.returncode == 0, done.stderr
     port = free_port()
-    command = [sys.executable, "-m", "cli.main", "serve", str(target), "--port", str(port)]
+    command = [sys.executable, "-m", "cli.main", "serve", str(target), *options]
+    command += ["--port", str(port)]
     proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     searchers: list[int] = []
     try:
@@ -302,10 +307,18 @@ def test_tf_serve_starts_from_the_command_line(trained, tmp_path, kind):
                 time.sleep(0.2)
         assert status == 200
         assert health["engine"] == ("ctranslate2" if kind == "ctranslate2" else "pytorch")
+        assert health["model"] == ("run + run" if kind == "ensemble" else target.name)
         own_threads = kind == "ctranslate2"  # its own thread pool: one worker
         assert health["workers"] == search_workers(torch.device("cpu"), 0, own_threads)[0]
         status, body, _ = call(f"{url}/translate", {"text": LINES[:2], "beam": 2})
         assert status == 200 and len(body["translations"]) == 2
+        if kind == "ensemble":  # the two runs' mean, as `tf translate` has it
+            alone = subprocess.run(
+                [sys.executable, "-m", "cli.main", "translate", str(trained), str(sharp),
+                 "--beam", "2", "--set", "decode.precision=fp32"],
+                cwd=ROOT, input="\n".join(LINES[:2]) + "\n", capture_output=True, text=True,
+            )  # fmt: skip
+            assert body["translations"] == alone.stdout.splitlines(), alone.stderr
         # A run searches in processes of its own, one per worker (CTranslate2 in the server's).
         searchers = children(proc.pid)
         assert len(searchers) == (0 if own_threads else health["workers"])
@@ -765,6 +778,40 @@ def test_a_sentence_can_ask_for_a_prefix_and_constraints(engine, trained):
     first, _, third = body["translations"]
     assert first.startswith("And") and "the house" in first
     assert "God" in third and "of Israel" in third
+
+
+@pytest.mark.parametrize("schedule", ["groups", "steps"])
+def test_an_ensemble_is_served_as_tf_translate_decodes_it(trained, sharp, schedule):  # noqa: F811
+    """`tf serve RUN RUN2`: the command takes several runs, under either schedule (it took
+    one, and refused steps for an ensemble), and a request gets `tf translate RUN RUN2`'s
+    translations: whole groups, or searched whole between the lanes' steps."""
+    from typer.testing import CliRunner
+
+    from cli.inference.lanes import ThreadWorker
+    from cli.main import app as cli_app
+
+    args = ["serve", str(trained), str(sharp), "--schedule", schedule, "--host", "256.0.0.0"]
+    done = CliRunner().invoke(cli_app, args)  # loads both, then meets the bad address
+    assert done.exit_code == 2 and "--host 256.0.0.0" in done.stderr, done.output
+    settings = ["--beam", "2", "--set", "decode.precision=fp32"]
+    direct = CliRunner().invoke(
+        cli_app, ["translate", str(trained), str(sharp), *settings], input="\n".join(LINES) + "\n"
+    )
+    assert direct.exit_code == 0, direct.output
+    cpu = torch.device("cpu")
+    engine = load_engine([str(trained), str(sharp)], cpu, ["decode.beam_size=2",
+                                                          "decode.precision=fp32"])  # fmt: skip
+    joining = [ThreadWorker(engine, cpu)] if schedule == "steps" else None
+    app = build_app(engine, [str(trained), str(sharp)], "pytorch", joining=joining)
+    try:
+        with serving(app) as url:
+            status, body, _ = call(f"{url}/translate", {"text": LINES})
+            health = call(f"{url}/health")[1]
+    finally:
+        for worker in joining or []:
+            worker.close()
+    assert status == 200 and body["translations"] == direct.stdout.splitlines()
+    assert health["model"] == "run + run"
 
 
 def test_tf_serve_refuses_steps_for_a_ctranslate2_directory(trained, tmp_path):

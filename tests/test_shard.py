@@ -159,7 +159,9 @@ def test_a_sharded_checkpoint_resumes_in_one_process_over_the_same_batches(
     config = shard_config(tiny_prefix, ONE_PROCESS)
     with caplog.at_level(logging.INFO, logger="cli.training"):
         trainer = Trainer(config, RunDir(run), distributed.Dist(), CPU, resume=True)
-    assert "nothing to shard" in caplog.text and "resuming 2 processes' run in 1" in caplog.text
+    assert (
+        "nothing to shard" in caplog.text and "resuming the run of 2 processes in 1" in caplog.text
+    )
     assert not shard.is_sharded(trainer.model) and trainer.net is trainer.model
     assert_same(trainer.model.state_dict(), saved["model"])
     assert_same_optimizer(trainer.optimizer.state_dict(), saved["optimizer"])

@@ -112,3 +112,83 @@ def test_found_in_tells_whether_a_folder_holds_a_tokenizer(tmp_path, tiny_tokeni
     # `tf train` trains a tokenizer exactly when this is False: it must not miss a joint model.
     assert not Tokenizer.found_in(tmp_path)
     assert Tokenizer.found_in(tiny_tokenizer.directory)
+
+
+def test_two_tokenizers_trained_alike_into_two_folders_have_one_digest(tmp_path, texts):
+    """The digest is the model's content: SentencePiece records the path it was trained into
+    (trainer_spec.model_prefix), which two runs' tokenizers never share (issue 67)."""
+    first = train_tokenizer(*texts, tmp_path / "a", vocab_size=100, seed=0)
+    second = train_tokenizer(*texts, tmp_path / "b" / "deeper", vocab_size=100, seed=0)
+    model = "joint.model"
+    assert (first.directory / model).read_bytes() != (second.directory / model).read_bytes()
+    assert first.digest() == second.digest()
+    assert first.digest() in second.digests()
+
+
+def test_runs_whose_tokenizers_were_trained_alike_ensemble(trained, tiny_prefix, tmp_path):
+    """Two runs of one corpus and tokenizer settings, each training its tokenizer into its own
+    folder, translate as an ensemble (they were "not {run}'s" tokenizer)."""
+    from test_cli import tf
+
+    other = tmp_path / "other"
+    sets = [f"data.train={tiny_prefix}", f"data.dev={tiny_prefix}-dev", "train.max_steps=1"]
+    result = tf("train", "tiny", "--out", other, *[a for s in sets for a in ("--set", s)])
+    assert result.exit_code == 0, result.output
+    result = tf("translate", trained, other, "--greedy", input="hola\n")
+    assert result.exit_code == 0, result.output
+
+
+def test_a_checkpoint_recording_the_digest_of_the_files_bytes_still_loads(trained, tmp_path):
+    """Runs recorded the sha256 of the model files' bytes (path included) as
+    `tokenizer_digest`: their checkpoints still load with their own tokenizer, and a digest of
+    neither kind is still refused."""
+    import hashlib
+    import shutil
+
+    import torch
+
+    from cli.training.checkpoint import (
+        CheckpointError,
+        load_checkpoint,
+        load_for_inference,
+        resolve_checkpoint,
+    )
+
+    run = shutil.copytree(trained, tmp_path / "older")
+    tokenizer = Tokenizer.load(run / "tokenizer")
+    model = run / "tokenizer" / "joint.model"
+    older = hashlib.sha256(model.name.encode() + model.read_bytes()).hexdigest()
+    assert older != tokenizer.digest()
+    path, _ = resolve_checkpoint(run)  # the one a command loads
+    ckpt = load_checkpoint(path)
+    torch.save({**ckpt, "tokenizer_digest": older}, path)
+    load_for_inference(run, torch.device("cpu"))
+    torch.save({**ckpt, "tokenizer_digest": "0" * 64}, path)
+    with pytest.raises(CheckpointError, match="another tokenizer"):
+        load_for_inference(run, torch.device("cpu"))
+
+
+def test_a_run_resumed_across_the_digest_change_averages_its_step_checkpoints(trained, tmp_path):
+    """A run resumed after digests left out SentencePiece's training paths holds step
+    checkpoints of both records (the files' bytes' sha256 before, `digest` after): `tf
+    average` takes them as one tokenizer's, and records today's digest."""
+    import hashlib
+    import shutil
+
+    import torch
+
+    from cli.commands.average import run_average
+    from cli.training.checkpoint import load_checkpoint, resolve_checkpoint
+
+    run = shutil.copytree(trained, tmp_path / "resumed")
+    tokenizer = Tokenizer.load(run / "tokenizer")
+    model = run / "tokenizer" / "joint.model"
+    older = hashlib.sha256(model.name.encode() + model.read_bytes()).hexdigest()
+    ckpt = load_checkpoint(resolve_checkpoint(run)[0])
+    steps = run / "checkpoints"
+    for old in steps.glob("step_*.pt"):
+        old.unlink()
+    torch.save({**ckpt, "tokenizer_digest": older}, steps / "step_1.pt")
+    torch.save({**ckpt, "tokenizer_digest": tokenizer.digest()}, steps / "step_2.pt")
+    run_average([str(run)], 2, tmp_path / "avg.pt")
+    assert load_checkpoint(tmp_path / "avg.pt")["tokenizer_digest"] == tokenizer.digest()

@@ -10,10 +10,13 @@ from cli.training.checkpoint import (
     CheckpointError,
     load_checkpoint,
     load_for_inference,
+    resolve_checkpoint,
     save_atomic,
 )
 from cli.training.run import RunDir
+from data.errors import InputError
 from data.files import check_output
+from data.tokenizer import Tokenizer
 
 
 def checkpoints_to_average(sources: list[str], last: int) -> list[Path]:
@@ -27,14 +30,28 @@ def checkpoints_to_average(sources: list[str], last: int) -> list[Path]:
     return [Path(s) for s in sources]
 
 
-def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Mean of each floating tensor (accumulated in float64); other tensors from the last one."""
-    keys = states[0].keys()
-    for s in states[1:]:
-        if s.keys() != keys:
-            raise CheckpointError("the checkpoints hold different parameters; same model needed")
+def average_state_dicts(
+    states: list[dict[str, torch.Tensor]], paths: list[Path] | None = None
+) -> dict[str, torch.Tensor]:
+    """Mean of each floating tensor (accumulated in float64); other tensors from the last one.
+
+    Raises:
+        CheckpointError: a state holds other parameters, or shapes, than the first; naming
+            its checkpoint (`paths`) and the first parameter that differs.
+    """
+    names = paths or [Path(f"checkpoint {i + 1}") for i in range(len(states))]
+    first = states[0]
+    for s, path in zip(states[1:], names[1:]):
+        differs = sorted(first.keys() ^ s.keys()) or [
+            k for k in first if first[k].shape != s[k].shape
+        ]
+        if differs:
+            raise CheckpointError(
+                f"{path}: holds different parameters than {names[0]} ({differs[0]}); "
+                "the checkpoints to average must be of the same model"
+            )
     out = {}
-    for k in keys:
+    for k in first:
         if states[-1][k].is_floating_point():
             total = sum(s[k].double() for s in states)
             out[k] = (total / len(states)).to(states[-1][k].dtype)
@@ -51,19 +68,36 @@ def weights(ckpt: dict, path: Path) -> dict[str, torch.Tensor]:
     return load_for_inference(path, torch.device("cpu"))[0].state_dict()
 
 
+def tokenizer_digest(ckpt: dict, path: Path) -> str | None:
+    """The digest of the tokenizer `ckpt` was trained with, as today's tokenizers compute it: a
+    checkpoint written before records its files' bytes' sha256 (`BaseTokenizer.digests`), which
+    the run's tokenizer maps to its digest, so that the step checkpoints of a run resumed
+    across that change compare equal."""
+    recorded = ckpt.get("tokenizer_digest")
+    try:
+        tokenizer = Tokenizer.load(resolve_checkpoint(path)[1].tokenizer)
+    except InputError:  # no tokenizer beside it: the record is all there is
+        return recorded
+    return tokenizer.digest() if recorded in tokenizer.digests() else recorded
+
+
 def run_average(sources: list[str], last: int, output: Path) -> str:
     check_output(output)
     paths = checkpoints_to_average(sources, last)
     ckpts = [load_checkpoint(p) for p in paths]
-    digests = {c.get("tokenizer_digest") for c in ckpts}
-    if len(digests) > 1:
-        raise CheckpointError("the checkpoints were trained with different tokenizers")
+    digests = [tokenizer_digest(c, p) for c, p in zip(ckpts, paths)]
+    for digest, p in zip(digests[1:], paths[1:]):
+        if digest != digests[0]:
+            raise CheckpointError(
+                f"{p}: was trained with another tokenizer than {paths[0]}; the checkpoints "
+                "to average must share one"
+            )
     newest = ckpts[-1]
     averaged = {
         "format": newest["format"],
-        "model": average_state_dicts([weights(c, p) for c, p in zip(ckpts, paths)]),
+        "model": average_state_dicts([weights(c, p) for c, p in zip(ckpts, paths)], paths),
         "config": newest["config"],
-        "tokenizer_digest": newest.get("tokenizer_digest"),
+        "tokenizer_digest": digests[-1],
         "step": newest.get("step"),
         "averaged_from": [str(p) for p in paths],
     }

@@ -16,6 +16,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import yaml
+
+from cli.config import ConfigError, check_type
 from cli.device import pick_device
 from cli.inference.bulk import translate_corpus
 from cli.inference.engines import load_engine
@@ -23,6 +26,7 @@ from data.config import CorpusConfig, DataConfig, direction_name
 from data.errors import InputError
 from data.files import check_dir
 from data.pipeline import load_set
+from data.tokenizer import Tokenizer
 
 
 def run_distill(
@@ -45,7 +49,8 @@ def run_distill(
     src_lang, tgt_lang = engine.direction("tf distill")
     d = engine.config.data
     if corpora:
-        named = [CorpusConfig(spec, src_lang=src_lang, tgt_lang=tgt_lang) for spec in corpora]
+        named = [c for value in corpora for c in named_corpora(value, src_lang, tgt_lang)]
+        check_corpus_tags(named, engine.tokenizer)
         d = replace(d, train=named)
     elif not d.corpora():  # an imported teacher: trained on no corpus of ours
         raise InputError(
@@ -58,6 +63,57 @@ def run_distill(
     specs = [f"{c.corpus} ({direction_name(d.direction(c))})" for c in chosen]
     sources = training_sources(d, chosen)
     return translate_corpus(engine, teacher, device, sources, out, "distill", {"corpus": specs})
+
+
+def named_corpora(value: str, src_lang: str, tgt_lang: str) -> list[CorpusConfig]:
+    """The corpora one `--corpus` names, as data.train takes them: a spec (PREFIX, .tsv,
+    .jsonl, hf:..., bundled:...), or in YAML a corpus `{corpus: SPEC, src_lang: ...,
+    tgt_lang: ..., reverse: ..., tag: ...}` or a list of them, read by the config's own
+    schema. A corpus that names no languages is in the direction translated (`src_lang`,
+    `tgt_lang`: its files' suffixes; the other way round where it says `reverse`).
+
+    Raises:
+        ConfigError: a mapping the schema refuses (an unknown key, a wrong type), naming it;
+            a weight, which would change nothing here (each source is translated once).
+    """
+    text = value.strip()
+    if not text.startswith(("{", "[")):  # a spec (a path may hold ":" or look like a number)
+        return [CorpusConfig(value, src_lang=src_lang, tgt_lang=tgt_lang)]
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--corpus {value}: not a corpus in YAML ({e.problem})") from None
+    hint = list[CorpusConfig] if isinstance(raw, list) else CorpusConfig
+    parsed = check_type(raw, hint, "corpus", f"--corpus {value}")
+    named = parsed if isinstance(parsed, list) else [parsed]
+    if any(c.weight != CorpusConfig.weight for c in named):
+        raise ConfigError(
+            f"--corpus {value}: a weight changes nothing here (each source is translated once)"
+        )
+    return [
+        replace(
+            c,
+            src_lang=c.src_lang or (tgt_lang if c.reverse else src_lang),
+            tgt_lang=c.tgt_lang or (src_lang if c.reverse else tgt_lang),
+        )
+        for c in named
+    ]
+
+
+def check_corpus_tags(corpora: list[CorpusConfig], tokenizer: Tokenizer) -> None:
+    """A named corpus's tag is a piece the teacher reserves (one of its training corpora's):
+    any other would be read as the text it spells.
+
+    Raises:
+        InputError: naming the tag and the teacher's tags.
+    """
+    for c in corpora:
+        if c.tag and c.tag not in tokenizer.tags:
+            reserved = ", ".join(tokenizer.tags) or "none"
+            raise InputError(
+                f"--corpus {c.corpus}: tag {c.tag!r} is no reserved piece of the teacher's "
+                f"tokenizer (its tags: {reserved})"
+            )
 
 
 def corpora_into(d: DataConfig, to: str, frm: str = "") -> list[CorpusConfig]:

@@ -78,10 +78,11 @@ def run_eval(
 
 def made_by(engine: Engine) -> dict[str, Any]:
     """What the scores record of the translations: the decode settings and the direction (a
-    multilingual run's --to; none where each line names its own language)."""
+    multilingual run's --to, or its recorded default; none where each line names its own
+    language)."""
     decoding = asdict(engine.config.decode)
     decoding.pop("nbest")
     made: dict[str, Any] = {"decoding": decoding}
-    if engine.to or not engine.multilingual:
+    if engine.output_language:
         made["direction"] = direction_name(engine.direction("tf eval"))
     return made

@@ -18,7 +18,6 @@ from cli.inference.lanes import MAX_ROWS, ThreadWorker
 from cli.inference.search_processes import EngineSpec, SearchPool
 from cli.inference.server import Limits, build_app, check_engine, shown_name
 from data.errors import InputError
-from model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +95,7 @@ def check_address(host: str, port: int) -> None:
 
 
 def run_serve(
-    run: str,
+    runs: str | list[str],
     host: str,
     port: int,
     overrides: list[str],
@@ -106,26 +105,27 @@ def run_serve(
     to: str = "",
     frm: str = "",
 ) -> None:
-    """The `tf serve` command: load RUN, then answer HTTP requests until Ctrl-C; `to`: a
-    multilingual model's output language for requests that name none."""
+    """The `tf serve` command: load RUN (several: an ensemble, `load_engine`), then answer
+    HTTP requests until Ctrl-C; `to`: a multilingual model's output language for requests
+    that name none."""
     try:
         import uvicorn
     except ImportError:
         raise InputError("tf serve needs its server: pip install 'tf[serve]'") from None
     check_options(port, limits)
     device = pick_device(device_name)
-    engine = load_engine(run, device, overrides, int8, to, frm)
+    engine = load_engine(runs, device, overrides, int8, to, frm)
     check_engine(engine)  # before any search process loads it again
-    if limits.schedule == "steps" and not isinstance(engine.model, Transformer):
+    if limits.schedule == "steps" and engine.model is None:
         raise InputError(
-            f"{run}: --schedule steps joins requests to a running search of one of tf's own "
-            "models; serve a CTranslate2 directory or an ensemble with --schedule groups"
+            f"{shown_name(runs)}: --schedule steps joins requests to a running search of tf's "
+            "own models; serve a CTranslate2 directory with --schedule groups"
         )
     check_address(host, port)
     workers, threads = search_workers(device, limits.workers, own_threads=engine.model is None)
     pool, joining = None, None
     if device.type == "cpu" and engine.model is not None:  # PyTorch on CPUs: in processes
-        spec = EngineSpec(run, str(device), overrides, int8, to, frm)
+        spec = EngineSpec(runs, str(device), overrides, int8, to, frm)
         pool = SearchPool(spec, workers, threads, limits.max_rows)
         pool.wait_ready()
         joining = pool.processes if limits.schedule == "steps" else None
@@ -135,10 +135,10 @@ def run_serve(
     limits = replace(limits, workers=workers, threads=threads)
     try:
         page = read_page()
-        app = build_app(engine, run, engine_kind(engine, int8), limits, page, pool, joining)
+        app = build_app(engine, runs, engine_kind(engine, int8), limits, page, pool, joining)
         log.info(
             "serving %s on http://%s:%d/ with %d search %s (Ctrl-C stops)",
-            shown_name(run),
+            shown_name(runs),
             host,
             port,
             workers,

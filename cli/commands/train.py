@@ -14,7 +14,7 @@ import torch
 from cli.config import Config, save_config
 from cli.training import distributed
 from cli.training.preflight import check_settings
-from cli.training.run import RunDir, start_run
+from cli.training.run import RunDir, check_restart, start_run
 from cli.training.trainer import Trainer
 from data.files import atomic_output
 from data.pipeline import check_before_work
@@ -50,18 +50,20 @@ def _train(
 ) -> str:
     """Start or resume the run in `out` and train it to the end; returns why it stopped."""
     run = RunDir(out)
-    if resume and not (run.checkpoints / "last.pt").is_file():
+    restart = resume and not (run.checkpoints / "last.pt").is_file()
+    if restart:
         # Killed before its first checkpoint: "kill, then --resume" still works.
+        check_restart(config, run)
         log.info("%s: no checkpoint yet; starting the run from update 0 with its config", out)
         resume = False
         if dd.main:
             run.metrics.unlink(missing_ok=True)  # records of the killed session's updates
     before = set(os.listdir(out)) if out.is_dir() else None  # what a failed start keeps
-    if dd.main and not resume:
-        start_run(config, out, force)
-    distributed.barrier(dd)
+    with distributed.main_first(dd):  # the others stop with it if it refuses
+        if dd.main and not resume:
+            start_run(config, out, force, restart)
     try:
-        trainer = Trainer(config, run, dd, device, resume=resume)
+        trainer = Trainer(config, run, dd, device, resume=resume, restart=restart)
     except BaseException:
         if dd.main and not resume:  # a start that failed (a corpus, the tokenizer, the data)
             undo_start(out, before)

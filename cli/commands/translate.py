@@ -50,8 +50,6 @@ def run_translate(
     CTranslate2 directory; `int8` runs the PyTorch model's linear layers in dynamic int8; with
     `attention`, also a heatmap of the cross-attention of each line's best translation
     (`cli.inference.heatmaps`); `to`, a multilingual model's output language."""
-    from tqdm import tqdm
-
     from cli.inference.heatmaps import prepare_attention, write_attention  # matplotlib: optional
 
     check_arguments(input_path, output_path, input_format)
@@ -63,18 +61,17 @@ def run_translate(
         prepare_attention(attention, config.model)
     source = str(input_path) if input_path else "<stdin>"
     raw = open(input_path, "rb") if input_path else sys.stdin.buffer  # noqa: SIM115
-    prompt = start_prompt(raw, "/".join(engine.source_langs()))
+    # What to type: the language lines are read in (--from, the model's one or default), else
+    # every one it reads into the output language.
+    reads = engine.frm or engine.default_source() or "/".join(engine.source_langs())
+    prompt = start_prompt(raw, reads)
     group = chunks if is_regular_file(raw) else as_they_arrive
     items = read_lines(raw, source)
     if input_format == "jsonl":  # {"text": ..., "prefix": ..., "constraints": [...]} a line
         items = read_requests(items, source)
     results = engine.stream(items, source, group)
     if input_path and progress:
-        # A pipe is read once: only a regular file can be counted ahead for the bar's total.
-        total = count_lines(input_path) if group is chunks else None
-        results = tqdm(
-            results, desc="translate", unit="line", file=sys.stderr, total=total, disable=None
-        )  # disable=None: only on a terminal
+        results = with_progress(results, input_path, counted=group is chunks)
     # A file is written beside its target and renamed at the end: an error leaves no half file.
     with atomic_output(output_path) if output_path else nullcontext(sys.stdout) as out:
         try:
@@ -91,6 +88,15 @@ def run_translate(
         finally:
             if input_path:
                 raw.close()
+
+
+def with_progress(results, input_path: Path, counted: bool):
+    """`results` behind a progress bar on stderr (on a terminal only); its total is the file's
+    lines where it is read in chunks (a pipe is read once: it cannot be counted ahead)."""
+    from tqdm import tqdm
+
+    total = count_lines(input_path) if counted else None
+    return tqdm(results, desc="translate", unit="line", file=sys.stderr, total=total, disable=None)
 
 
 def check_arguments(input_path: Path | None, output_path: Path | None, input_format: str) -> None:

@@ -3,22 +3,27 @@
 Our parameters map one to one onto `TransformerSpec`: the fused (3D, D) self-attention
 projection is CTranslate2's fused `linear[0]`; cross-attention splits the same matrix into the
 query rows and the fused key/value rows, as CTranslate2 expects; Post-LN is `pre_norm=False`
-(each sub-layer's norm after its residual, no final norm), Pre-LN adds the final norms. Our own
+(each sub-layer's norm after its residual, no final norm), Pre-LN adds the final norms. Every
+attention is told its heads' width and its queries' scale, 1 / sqrt(d_head), which CTranslate2
+would otherwise take from d_model / n_heads: not a pruned model's (`tf prune --heads`). Our own
 position table is written into the model, from its first position on (`model.positions`: a
 sinusoidal table in the model's layout, or mBART's learned ones), with the switches of the
-embeddings (`model.scale_embedding`, `model.layernorm_embedding`); a pad token's position,
-which fairseq's sinusoids zero, is never attended to. Sources carry what `tf`'s tokenizer
-gives them (no BOS or EOS; an imported Marian model's end in EOS) and the decoder starts from
-`model.decoder_start`'s token, as in `tf`. Where that token is pad (Marian's models), pad is
-never an output (tf's search bans it): its logit gets a bias so low that no softmax ever gives
-it any probability.
+embeddings (`model.scale_embedding`, `model.layernorm_embedding`); a source's pad, which
+fairseq's sinusoids place nowhere, is never attended to, and a decoder that starts from pad
+under them has a zero first row. Sources carry what `tf`'s tokenizer gives them (no BOS or
+EOS; an imported Marian model's end in EOS) and the decoder starts from `model.decoder_start`'s
+token, as in `tf`. Where that token is pad (Marian's models), pad is never an output (tf's
+search bans it): its logit gets a bias so low that no softmax ever gives it any probability,
+which shares pad's out among the others as `decode.renormalize` does (`ct2_decode`).
 
-The directory also holds the SentencePiece model(s) and `tf_config.yaml` (the run's config),
-so that `tf translate DIR` runs it with the same tokenizer and decode settings.
+The directory also holds the SentencePiece model(s) and `tf_config.yaml` (the run's config,
+its decode settings as CTranslate2 searches), so that `tf translate DIR` runs it with the same
+tokenizer and decode settings.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +33,7 @@ import torch
 from cli.config import TF_CONFIG, Config, DecodeConfig, save_config
 from data.errors import InputError
 from data.tokenizer import Tokenizer
-from model.transformer import Embedding, Transformer
+from model.transformer import Embedding, ModelConfig, Transformer
 
 # model.activation -> CTranslate2's Activation
 CT2_ACTIVATIONS = {"relu": "RELU", "swish": "SWISH", "gelu": "GELU"}
@@ -57,48 +62,47 @@ def export_ctranslate2(
     TfConverter().convert(str(out), quantization=quantization)
     for path in tokenizer.model_paths():
         shutil.copyfile(path, out / path.name)
-    decode, changed = ct2_decode(config.decode)
+    start = tokenizer.decoder_start_id(model.config.decoder_start)
+    decode, changed = ct2_decode(config.decode, bans_pad(tokenizer, start))
     save_config(replace(config, decode=decode), out / TF_CONFIG)
     return changed
 
 
-def ct2_decode(decode: DecodeConfig) -> tuple[DecodeConfig, list[str]]:
+def ct2_decode(decode: DecodeConfig, pad_banned: bool) -> tuple[DecodeConfig, list[str]]:
     """The run's decode settings as CTranslate2 runs them: its beam search stops by patience
     alone (an imported model's transformers rule, `beam_stop: current_length`, and patience 0
-    are tf's own), so the directory gets CTranslate2's default of patience 1 there."""
-    changes = {}
+    are tf's own), so the directory gets CTranslate2's default of patience 1 there. What it
+    forbids, it takes out before its softmax (`decode.renormalize` true), where tf's default
+    bans after it: a decoder's start token where that is pad (`pad_banned`, `PAD_BIAS`), EOS
+    before `decode.min_len`, repeated n-grams."""
+    changes: dict[str, object] = {}
     if decode.beam_stop != "bound":
         changes["beam_stop"] = "bound"
     if decode.patience <= 0:
         changes["patience"] = 1.0
+    forbids = pad_banned or decode.min_len > 0 or decode.no_repeat_ngram_size > 0
+    if forbids and not decode.renormalize:
+        changes["renormalize"] = True
     listed = [f"decode.{k}: {getattr(decode, k)!r} -> {v!r}" for k, v in changes.items()]
     return replace(decode, **changes), listed
 
 
 def transformer_spec(model: Transformer, tokenizer: Tokenizer):
     """The `TransformerSpec` holding `model`'s weights and `tokenizer`'s vocabularies."""
-    from ctranslate2.specs import common_spec
-    from ctranslate2.specs import transformer_spec as ts
-
     c = model.config
     if c.norm_eps != 1e-5:
         raise InputError(f"CTranslate2's LayerNorms use eps 1e-5: model.norm_eps is {c.norm_eps:g}")
-    spec = ts.TransformerSpec.from_config(
-        (c.n_encoder_layers, c.n_decoder_layers),
-        c.n_heads,
-        pre_norm=c.norm_first,
-        activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[c.activation]),
-        layernorm_embedding=c.layernorm_embedding,
-    )
+    spec = _empty_spec(c)
+    start = tokenizer.decoder_start_id(c.decoder_start)
     # Copies: CTranslate2 may change the arrays in place (quantization), never our weights.
     weights = {k: v.detach().float().cpu().numpy().copy() for k, v in model.state_dict().items()}
-    for stack, embed in ((spec.encoder, "src_embed"), (spec.decoder, "tgt_embed")):
-        _embeddings(stack, getattr(model, embed), weights, embed + ".", c.scale_embedding)
+    _embeddings(spec.encoder, model.src_embed, weights, "src_embed.", c.scale_embedding)
+    _embeddings(spec.decoder, model.tgt_embed, weights, "tgt_embed.", c.scale_embedding, start)
     for i, layer in enumerate(spec.encoder.layer):
         p = f"encoder.layers.{i}."
         _self_attention(layer.self_attention, weights, p + "self_attn.", p + "norm1.")
         _ffn(layer.ffn, weights, p, p + "norm2.")
-    inner = c.n_heads * (c.d_head or c.d_model // c.n_heads)  # rows of W_q: d_model unless pruned
+    inner = c.n_heads * _d_head(c)  # rows of W_q: d_model unless pruned
     for i, layer in enumerate(spec.decoder.layer):
         p = f"decoder.layers.{i}."
         _self_attention(layer.self_attention, weights, p + "self_attn.", p + "norm1.")
@@ -116,7 +120,6 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
         _norm(spec.encoder.layer_norm, weights, "encoder.norm.")
         _norm(spec.decoder.layer_norm, weights, "decoder.norm.")
     spec.decoder.projection.weight = weights["generator.weight"]
-    start = tokenizer.decoder_start_id(c.decoder_start)
     spec.decoder.projection.bias = output_bias(weights, tokenizer, start)
     spec.register_source_vocabulary(tokenizer.src_vocabulary())
     spec.register_target_vocabulary(tokenizer.tgt_vocabulary())
@@ -129,27 +132,74 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
     return spec
 
 
+def _d_head(c: ModelConfig) -> int:
+    """The width of a head: d_model / n_heads, unless pruned (`tf prune --heads` keeps the
+    heads' width with fewer of them: `model.d_head`)."""
+    return c.d_head or c.d_model // c.n_heads
+
+
+def _empty_spec(c: ModelConfig):
+    """The spec of a model of `c`, its weights to come. Every attention is told its heads'
+    width (how its projections split into heads) and its queries' scale, 1 / sqrt(d_head)
+    (section 3.2.1): CTranslate2 takes d_model / n_heads for both unless told, which a pruned
+    model's heads are not (its scores were off by up to 0.17; one head left failed outright)."""
+    import numpy as np
+    from ctranslate2.specs import common_spec
+    from ctranslate2.specs import transformer_spec as ts
+
+    width = _d_head(c)
+    shared = dict(
+        pre_norm=c.norm_first,
+        activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[c.activation]),
+        layernorm_embedding=c.layernorm_embedding,
+        head_dim=width,
+    )
+    spec = ts.TransformerSpec(
+        ts.TransformerEncoderSpec(c.n_encoder_layers, c.n_heads, **shared),
+        ts.TransformerDecoderSpec(c.n_decoder_layers, c.n_heads, **shared),
+    )
+    scale = np.float32(1 / math.sqrt(width))
+    for layer in [*spec.encoder.layer, *spec.decoder.layer]:
+        layer.self_attention.queries_scale = scale
+        if hasattr(layer, "attention"):  # the decoder's cross-attention
+            layer.attention.queries_scale = scale
+    return spec
+
+
 def output_bias(weights: dict, tokenizer: Tokenizer, start: int):
     """The generator's bias (`model.output_bias`, else zeros); where the decoder starts from
     pad (Marian's models), pad's set out of reach, as tf's search bans it."""
     rows = weights["generator.weight"].shape[0]
     bias = weights.get("generator.bias", torch.zeros(rows).numpy()).copy()
-    if start == tokenizer.pad_id != tokenizer.eos_id:
+    if bans_pad(tokenizer, start):
         bias[tokenizer.pad_id] = PAD_BIAS
     return bias
 
 
-def _embeddings(stack, embed: Embedding, weights: dict, prefix: str, scale: bool) -> None:
+def bans_pad(tokenizer: Tokenizer, start: int) -> bool:
+    """Whether a decoder that starts from `start` has pad banned from its outputs: where it
+    starts from pad (Marian's models), which no target ever was (`search_batch`)."""
+    return start == tokenizer.pad_id != tokenizer.eos_id
+
+
+def _embeddings(
+    stack, embed: Embedding, weights: dict, prefix: str, scale: bool, start: int | None = None
+) -> None:
     """A stack's token embeddings, their scale (x sqrt(D), section 3.4, or none:
     `model.scale_embedding`), its position table and the norm after them (mBART's). CTranslate2
     numbers positions from its table's row 0: ours from row `model.position_offset` on (M2M100's
     and mBART's 2, as CTranslate2's own converter cuts theirs), learned (mBART's) or computed
-    in the model's layout (`model.positions`)."""
+    in the model's layout (`model.positions`). The decoder's row 0 is only ever its `start`
+    token's: a zero row where that is pad and the positions fairseq's, which place pad nowhere
+    (CTranslate2 adds a position to every token)."""
     embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
     embeddings.weight = weights[prefix + "token.weight"]
     stack.scale_embeddings = scale
     table = embed.positions.detach().float().cpu().numpy()  # (P + offset, D)
-    stack.position_encodings.encodings = table[embed.offset :].copy()  # (P, D)
+    table = table[embed.offset :].copy()  # (P, D)
+    if embed.pad_has_no_position and start == embed.token.padding_idx:
+        table[0] = 0.0
+    stack.position_encodings.encodings = table
     if embed.norm is not None:
         _norm(stack.layernorm_embedding, weights, prefix + "norm.")
 

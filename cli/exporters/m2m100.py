@@ -101,7 +101,8 @@ def huggingface_family(c: ModelConfig) -> Family | None:
 
 def check_exportable(family: Family, c: ModelConfig, tokenizer: Tokenizer) -> None:
     """What `family`'s class cannot hold, as one line naming the settings."""
-    offset = MBART_OFFSET if family is MBART else tokenizer.pad_id + 1
+    pad = tokenizer.pad_id
+    offset = MBART_OFFSET if family is MBART else pad + 1
     wanted = {
         "position_offset": offset,  # M2M100 counts positions from pad_token_id + 1
         "layernorm_embedding": family.layernorm_embedding,
@@ -111,13 +112,18 @@ def check_exportable(family: Family, c: ModelConfig, tokenizer: Tokenizer) -> No
     if not family.logits_bias:
         wanted["output_bias"] = False
     wrong = [f"model.{k} {getattr(c, k)!r}" for k, v in wanted.items() if getattr(c, k) != v]
+    asked = [f"model.{k} {v!r}" for k, v in wanted.items()] + ["heads that span d_model"]
     if c.d_head and c.d_head * c.n_heads != c.d_model:
         wrong.append(f"model.d_head {c.d_head} (pruned heads)")
+    if family is M2M100:
+        # M2M100 numbers the decoder's positions by its tokens other than pad: from a pad start
+        # every position one below tf's (whose fairseq sinusoids skip pad's own only).
+        asked.append("a decoder that starts from another token than pad")
+        if tokenizer.decoder_start_id(c.decoder_start) == pad:
+            wrong.append(f"model.decoder_start {c.decoder_start!r} (pad)")
     if wrong:
-        asked = ", ".join(f"{k} {v!r}" for k, v in wanted.items())
         raise InputError(
-            f"{family.model_class} takes model.{asked.replace(', ', ', model.')} and heads "
-            f"that span d_model: this model has {', '.join(wrong)}"
+            f"{family.model_class} takes {', '.join(asked)}: this model has {', '.join(wrong)}"
         )
 
 

@@ -10,8 +10,8 @@ sentence (or, in `tf serve`, the first request), not a failure of every search.
 
 from __future__ import annotations
 
+import logging
 import math
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,21 +30,25 @@ from cli.inference.decoding import (
     translate_ids,
 )
 from cli.inference.languages import (
-    check_from,
-    check_to,
+    check_languages,
+    default_target,
+    needs_to,
     short_list,
     with_language,
     with_languages,
 )
 from cli.inference.requests import Guide, Request, encode_guide
 from cli.training.checkpoint import CheckpointError, load_for_inference
-from data.config import direction_of
+from data.config import DataConfig, direction_of
 from data.errors import InputError
 from data.tokenizer import Tokenizer
 from model.ensemble import Ensemble
+from model.int8 import quantize_linears
 from model.packed import pack_linears
 from model.search import Hypothesis, LengthPenalty
 from model.transformer import Transformer
+
+log = logging.getLogger(__name__)
 
 Results = Iterator[tuple[list[int], list[Hypothesis]]]
 Guides = list[Guide | None] | None  # one per source (a prefix, constraints), or None for none
@@ -61,23 +65,30 @@ class Engine:
     config: Config  # the run's, with the command line's decode overrides
     search: Search
     model: Transformer | Ensemble | None = None  # the PyTorch model(s), when that is the engine
-    to: str = ""  # the output language (--to) of a multilingual model, unless a line says
+    to: str = ""  # the output language --to named (lines that name none); "": the default
     frm: str = ""  # the source language (--from), unless a line says
+    # The engine's own rules of decode settings (CTranslate2's: `check_ct2_decode`), checked
+    # at load and on a `tf serve` request's settings alike (`check_decode`); None: tf's own.
+    rules: Callable[[DecodeConfig], None] | None = None
     # {language: its token} of the languages the model writes where a token says which: a
     # multilingual model's; every model's whose decoder writes it first (lang_token_side
     # target). {} for a one-way model of source-side tokens. From the config and the
     # tokenizer, always (`replace` recomputes it); `sources` likewise for the languages read.
     languages: dict[str, str] = field(init=False, default_factory=dict)
     sources: dict[str, str] = field(init=False, default_factory=dict)
+    # The language written where nothing names one: the model's one, or its recorded default
+    # (`cli.inference.languages.default_target`); "": none, --to must say.
+    default_to: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
         self.config = with_languages(self.config, self.tokenizer)
         self.languages = self.config.data.lang_tokens()
         self.sources = self.config.data.source_tokens()
+        self.default_to = default_target(self.config.data)
 
     @property
     def multilingual(self) -> bool:
-        """Whether a line needs a language to write (--to, its "to", its own token)."""
+        """Whether the model writes several languages, chosen by --to, a line's "to" or token."""
         return len(self.languages) > 1
 
     @property
@@ -85,28 +96,73 @@ class Engine:
         """Whether the decoder writes the target language's token first (NLLB, M2M100...)."""
         return self.config.data.lang_token_side == "target"
 
-    def choose(self, to: str, where: str = "--to", frm: str = "") -> None:
-        """Translate into `to` (a multilingual model's lines that name no language), from `frm`
-        (lines that name none, of a model whose source says its language)."""
-        check_to(to, self.languages, self.config, where)
-        check_from(frm, self.config, "--from")
-        self.to, self.frm = to, frm
+    @property
+    def output_language(self) -> str:
+        """What a line that names no language is written in: --to, else the model's default;
+        "" where the model records none."""
+        return self.to or self.default_to
 
-    def direction(self, command: str) -> tuple[str, str]:
-        """(source, target) language of what `command` makes (a corpus's file names): a
-        multilingual model's is into --to, which it needs, from --from or the language its
-        corpora translate into that one from ("src" where several do).
+    def check_decode(self, decode: DecodeConfig) -> None:
+        """Decode settings this engine can search with: the one check of the settings a
+        command line asks for (at load) and of those a `tf serve` request's "beam" makes.
 
         Raises:
-            InputError: a multilingual model and no --to, naming its languages; or a source
-                language the same as the target (the corpus's two files would be one).
+            InputError: a setting the engine cannot follow (CTranslate2's beam rules).
         """
-        if self.multilingual and not self.to:
+        if self.rules is not None:
+            self.rules(decode)
+
+    def choose(self, to: str, where: str = "--to", frm: str = "") -> None:
+        """Translate into `to` (a multilingual model's lines that name no language; "": the
+        model's default, said once on stderr), from `frm` (lines that name none, of a model
+        whose source says its language).
+
+        Raises:
+            InputError: a language the model lacks (`check_languages`); a --from that is the
+                default output language, which would translate a language into itself.
+        """
+        check_languages(to, frm, self.languages, self.config, (where, "--from"))
+        if frm and not to and frm == self.default_to and self.multilingual:
             raise InputError(
-                f"{command}: the model is multilingual: choose the language to translate into "
-                f"with --to, one of {short_list(self.languages)}"
+                f"--from {frm} is also the model's default output language (data.tgt_lang): "
+                f"choose the output language with --to, one of {short_list(self.languages)}"
             )
-        source, target = self.frm or self.reads(), self.target()
+        self.to, self.frm = to, frm
+        self.say_defaults()
+
+    def say_defaults(self) -> None:
+        """Say on stderr, once, a recorded default that decides what is written or read where
+        a model has a choice (a many-to-many import's `tgt_lang`, `src_lang`)."""
+        if self.multilingual and not self.to and self.default_to:
+            log.info(
+                "translating into %s, the model's default output language (data.tgt_lang); "
+                "--to (or a line's to) chooses another",
+                self.default_to,
+            )
+        into = self.output_language
+        if self.target_side and into and not self.frm:
+            source = self.default_source(into)
+            if source and len(self.config.data.sources_into(into)) > 1:
+                log.info(
+                    "reading sources as %s, the model's default source language "
+                    "(data.src_lang); --from (or a line's from) names another",
+                    source,
+                )
+
+    def direction(self, command: str) -> tuple[str, str]:
+        """(source, target) language of what `command` makes (a corpus's file names): into
+        the output language (--to, or the model's default), from --from, or the language the
+        model reads into that one (`default_source`; "src" where it reads several).
+
+        Raises:
+            InputError: a multilingual model without a default, and no --to, naming its
+                languages; or a source language the same as the target (the corpus's two
+                files would be one).
+        """
+        target = self.output_language
+        if not target:
+            raise InputError(needs_to(command, self.languages, line=False))
+        source = self.source_language()
         if source == "src" and self.target_side:  # its sources must say their language
             raise InputError(
                 f"{command}: the model reads {short_list(dict.fromkeys(self.source_langs()))} "
@@ -119,9 +175,23 @@ class Engine:
             )
         return source, target
 
-    def target(self, to: str = "") -> str:
-        """The language a line is written into: `to` (its own), --to, or the model's one."""
-        return to or self.to or self.config.data.target_langs()[0]
+    def target(self, to: str = "", where: str = "--to") -> str:
+        """The language a line is written into: `to` (its own), --to, or the model's default.
+
+        Raises:
+            InputError: none of them (a multilingual model that records no default), naming
+                `where` and the languages to choose from.
+        """
+        lang = to or self.output_language
+        if not lang:
+            raise InputError(needs_to(where, self.languages, typed=not self.target_side))
+        return lang
+
+    def source_language(self) -> str:
+        """The language a line that names none is read in, into the output language: --from,
+        the model's one or its recorded default (`default_source`), else "src" (it reads
+        several and records none)."""
+        return self.frm or self.default_source() or self.reads()
 
     def reads(self) -> str:
         """The source language of the direction chosen (--to, or a one-way model's own):
@@ -130,37 +200,53 @@ class Engine:
         return sources[0] if len(sources) == 1 else "src"
 
     def source_langs(self) -> list[str]:
-        """The languages the model reads into the language chosen (--to, or a one-way
-        model's own); a multilingual model's, none chosen: every language it reads."""
+        """The languages the model reads into the output language (--to, or the model's
+        default); a multilingual model's without either: every language it reads."""
         d = self.config.data
         if self.frm:
             return [self.frm]
-        if self.multilingual and not self.to:
+        if not self.output_language:
             return d.source_langs()
-        return d.sources_into(self.target())
+        return d.sources_into(self.output_language)
 
     def source_text(self, line: str | Request, where: str, to: str = "", frm: str = "") -> str:
         """A line as the model reads it: with the token of the language it asks to be written
         in (a multilingual model's: its own "to", else the one it starts with, else `to`'s,
-        a default the caller has checked with `check_to`, or the engine's), or, where the
-        source says its own language (`lang_token_side: target`), that language's token (its
-        own "from", the one it starts with, `frm`, --from, or the model's one into its
-        target)."""
+        a default the caller has checked with `check_languages`, or the engine's), or, where
+        the source says its own language (`lang_token_side: target`), that language's token
+        (its own "from", the one it starts with, `frm`, --from, or the model's one into its
+        target). Its "to" and "from" are checked as --to and --from are (`check_languages`)."""
         request = line if isinstance(line, Request) else Request(line)
-        check_to(request.to, self.languages, self.config, where)
+        check_languages(request.to, request.frm, self.languages, self.config, (where, where))
         if not self.target_side:
-            lang = request.to or to or self.to
+            lang = request.to or to or self.output_language
             return with_language(request.text, lang, self.languages, where, request.to)
-        check_from(request.frm, self.config, where)
-        default = request.frm or frm or self.frm or self.default_source(request.to or to)
+        target = self.target(request.to or to, where)
+        named = request.frm or frm or self.frm
+        self.check_not_into_itself(named, target, request.to or to, where)
+        default = named or self.default_source(target)
         return with_language(request.text, default, self.sources, where, request.frm, "from")
+
+    def check_not_into_itself(self, source: str, target: str, asked: str, where: str) -> None:
+        """A line in the language the model would write by default is refused, not copied
+        into itself: its "from" (or --from) names the default output language, and nothing
+        named the output language."""
+        if source and source == target and not (asked or self.to) and self.multilingual:
+            raise InputError(
+                f'{where}: "from" {source} is also the model\'s default output language: '
+                f'choose the output language with --to (or "to")'
+            )
 
     def default_source(self, to: str = "") -> str:
         """The source language a line that names none is read in: the one the model reads into
-        its target, or (a many-to-many model's: NLLB's 202) the one it records as its
-        default (`data.src_lang`, tokenizer_config.json's `src_lang` at import); else none."""
+        its target (`to`, else the output language), or (a many-to-many model's: NLLB's 202)
+        the one it records as its default (`data.src_lang`, tokenizer_config.json's `src_lang`
+        at import); else none ("" too where no target is chosen)."""
         d = self.config.data
-        sources = d.sources_into(self.target(to))
+        target = to or self.output_language
+        if not target:
+            return ""
+        sources = d.sources_into(target)
         if len(sources) == 1:
             return sources[0]
         return d.src_lang if d.languages and d.src_lang in sources else ""
@@ -217,7 +303,7 @@ class Engine:
         guide = encode_guide(self.tokenizer, request, len(ids), limit, where, ours)
         if not forced:
             return guide
-        token = self.languages[self.target(request.to or to)]
+        token = self.languages[self.target(request.to or to, where)]
         return replace(guide or Guide(), forced=tuple(self.tokenizer.tgt_piece_ids([token])))
 
 
@@ -307,9 +393,10 @@ def check_member(
     first_tokenizer: Tokenizer,
     first_config: Config,
 ) -> None:
-    """An ensemble's member `run` decodes with the first run `first`: one tokenizer, and the
-    same direction (one tokenizer serves es->en and en->es alike, and the mean of two opposite
-    models' log-probabilities is garbage with exit 0)."""
+    """An ensemble's member `run` decodes with the first run `first`: one tokenizer, the same
+    directions (one tokenizer serves es->en and en->es alike, and the mean of two opposite
+    models' log-probabilities is garbage with exit 0; `reach`: a many-to-many model and its
+    fine-tunes translate alike) and the same language tokens, put in the same place."""
     if tokenizer.digest() != first_tokenizer.digest():
         raise InputError(
             f"{run}: its tokenizer is not {first}'s; an ensemble needs one tokenizer "
@@ -317,16 +404,17 @@ def check_member(
         )
     ours = with_languages(first_config, first_tokenizer).data
     theirs = with_languages(config, tokenizer).data
-    if set(theirs.translates()) != set(ours.translates()):
+    if reach(theirs) != reach(ours):
         raise InputError(
-            f"{run}: translates {names(theirs.translates())}, {first} {names(ours.translates())}"
-            "; an ensemble's members translate the same directions (the mean of opposite "
-            "models' scores is no model's)"
+            f"{run}: translates {described(theirs)}, {first} {described(ours)}; an ensemble's "
+            "members translate the same directions (the mean of opposite models' scores is no "
+            "model's)"
         )
-    if theirs.lang_tokens() != ours.lang_tokens():
+    tokens = (theirs.lang_tokens(), theirs.source_tokens())
+    if tokens != (ours.lang_tokens(), ours.source_tokens()):
         raise InputError(
-            f"{run}: its target-language tokens are not {first}'s; an ensemble's members "
-            "share their target languages and their tokens"
+            f"{run}: its language tokens (or where they go, data.lang_token_side) are not "
+            f"{first}'s; an ensemble's members share their languages and their tokens"
         )
     start, first_start = config.model.decoder_start, first_config.model.decoder_start
     if start != first_start:  # every step feeds all members the same tokens
@@ -336,8 +424,24 @@ def check_member(
         )
 
 
-def names(directions: list[tuple[str, str]]) -> str:
-    return ", ".join(direction_of(*way) for way in directions)
+def reach(d: DataConfig) -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
+    """What a model translates, as ensemble members must share it: its languages (a
+    many-to-many model's, any into any) and its directions besides those. A fine-tune of an
+    NLLB-200 import on spa_Latn->eng_Latn translates what the import does: its corpus's
+    direction is one of any into any."""
+    langs = frozenset(d.languages)
+    ways = [(src, tgt) for src, tgt in d.translates() if not {src, tgt} <= langs]
+    return langs, frozenset(ways)
+
+
+def described(d: DataConfig) -> str:
+    """What a model translates, for a message: its directions and, a many-to-many model's,
+    its languages any into any."""
+    langs, ways = reach(d)
+    parts = [", ".join(direction_of(*way) for way in d.translates() if way in ways)]
+    if langs:
+        parts.append(f"any of {len(langs)} languages into any")
+    return " and ".join(p for p in parts if p) or "nothing"
 
 
 def computing_weights(
@@ -357,13 +461,12 @@ def computing_weights(
 
 
 def quantize_int8(model: Transformer, device: torch.device) -> Transformer:
-    """The model with its nn.Linear layers (attention outputs, feed-forward, generator) in
-    dynamic int8: weights stored in int8, activations quantized on the fly, CPU only."""
+    """The model with every linear layer (attention projections, feed-forward, generator) in
+    int8 (`model.int8`): weights in int8, each row of activations quantized on the fly by its
+    own scale, so that a sentence's translation never depends on its batch. CPU only."""
     if device.type != "cpu":
         raise InputError("--int8 runs on the CPU only (use --device cpu)")
-    with warnings.catch_warnings():  # torch.ao's deprecation notices, not the user's business
-        warnings.simplefilter("ignore")
-        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    return quantize_linears(model)
 
 
 def ctranslate2_engine(directory: Path, device: torch.device, overrides: list[str]) -> Engine:
@@ -374,7 +477,7 @@ def ctranslate2_engine(directory: Path, device: torch.device, overrides: list[st
         raise InputError("CTranslate2 is needed to run it: pip install 'tf[export]'") from None
     tokenizer = Tokenizer.load(directory)
     config = with_overrides(load_config(directory / TF_CONFIG), overrides)
-    check_ct2_decode(config.decode)
+    check_ct2_decode(config.decode)  # before CTranslate2 loads (`Engine.check_decode` later)
     try:
         translator = ctranslate2.Translator(
             str(directory),
@@ -389,7 +492,7 @@ def ctranslate2_engine(directory: Path, device: torch.device, overrides: list[st
         settings = replace(config, decode=decode)
         return translate_ids_ct2(translator, tokenizer, src_ids, settings, guides)
 
-    return Engine(tokenizer, config, search)
+    return Engine(tokenizer, config, search, rules=check_ct2_decode)
 
 
 def check_ct2_decode(decode: DecodeConfig) -> None:

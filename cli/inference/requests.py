@@ -5,7 +5,9 @@ the output language (and the source's, where the model reads it), as `tf transla
 
     {"text": "El perro come.", "prefix": "The dog", "constraints": ["eats"], "to": "en"}
 
-and `tf serve` per sentence. Here they are checked and turned into piece ids (`Guide`).
+and `tf serve` per sentence. Here they are checked and turned into piece ids (`Guide`); the
+languages a line names are checked where the engine reads them, by the check of --to and
+--from (`cli.inference.languages.check_languages`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The HTTP application of `tf serve`: Starlette routes and checks the requests, the batcher
-translates those of concurrent clients together.
+translates those of concurrent clients together. The engine may be an ensemble of runs.
 
     POST /translate  {"text": ["...", ...], "beam": 5}  ->  {"translations": ["...", ...]}
                      an item of "text" may be {"text": "...", "prefix": "...", "constraints":
@@ -27,7 +27,7 @@ from cli.inference.batcher import Batcher, Joiner, QueueFull
 from cli.inference.decoding import source_ids
 from cli.inference.engines import Engine, Search, check_found
 from cli.inference.lanes import MAX_ROWS
-from cli.inference.languages import check_from, check_to
+from cli.inference.languages import check_languages
 from cli.inference.requests import Guide, Request, request_of
 from data.config import direction_of
 from data.errors import InputError
@@ -69,9 +69,28 @@ def beam_problem(beam: object) -> str | None:
 def check_engine(engine: Engine) -> None:
     """The server's default decode settings, under the limits a request's would meet: a
     default no request could ask for is refused at start, not blamed on every client."""
-    problem = beam_problem(engine.config.decode.beam_size)
+    beam = engine.config.decode.beam_size
+    request_decode(engine, beam, "the server's beam (--beam, decode.beam_size)")
+
+
+def request_decode(engine: Engine, beam: object, where: str) -> DecodeConfig:
+    """The decode settings of a request asking for `beam` (the server's own, for the requests
+    that ask none): one of a request's beams (`beam_problem`) that the engine searches with
+    (`Engine.check_decode`, as the command line's settings are at load: CTranslate2 cannot
+    follow an imported model's beam rules that its greedy default never met).
+
+    Raises:
+        InputError: naming `where` (the request's "beam", the server's --beam).
+    """
+    problem = beam_problem(beam)
     if problem:
-        raise InputError(f"the server's beam (--beam, decode.beam_size) must be {problem}")
+        raise InputError(f"{where} must be {problem}")
+    decode = replace(engine.config.decode, beam_size=beam, nbest=1)
+    try:
+        engine.check_decode(decode)
+    except InputError as e:
+        raise InputError(f"{where} {beam}: {e}") from None
+    return decode
 
 
 def parse_request(
@@ -98,10 +117,10 @@ def parse_request(
     for key, lang in langs.items():
         if not isinstance(lang, str):
             raise RequestError(400, f'"{key}" must be a language code, got {type(lang).__name__}')
-    problem = beam_problem(beam)
-    if problem:
-        raise RequestError(400, f'"beam" must be {problem}')
-    decode = replace(engine.config.decode, beam_size=beam, nbest=1)
+    try:
+        decode = request_decode(engine, beam, '"beam"')
+    except InputError as e:
+        raise RequestError(400, str(e)) from None
     return lines, decode, {key: lang.strip() for key, lang in langs.items()}
 
 
@@ -125,9 +144,8 @@ def encode_within_limit(
     asks for, the body's "to" and "from" for a sentence that names none); a sentence longer
     than the model takes is a 400, not cut."""
     to, frm = langs["to"], langs["from"]
-    try:
-        check_to(to, engine.languages, engine.config, '"to"')  # once, named as the body's
-        check_from(frm, engine.config, '"from"')
+    try:  # the body's, once, named as the body's: as --to and --from are checked
+        check_languages(to, frm, engine.languages, engine.config, ('"to"', '"from"'))
         texts = [engine.source_text(r, f"text[{i}]", to, frm) for i, r in enumerate(requests)]
     except InputError as e:  # no language, or one the model lacks
         raise RequestError(400, str(e)) from None
@@ -211,8 +229,11 @@ async def answer(request, done: Future):
         result.cancel()
 
 
-def shown_name(run: str) -> str:
-    """What /health calls the model: its name, never where it lies on this machine."""
+def shown_name(run: str | list[str]) -> str:
+    """What /health calls the model: its name, never where it lies on this machine; an
+    ensemble's, its members' names joined ("a + b")."""
+    if not isinstance(run, str):
+        return " + ".join(shown_name(member) for member in run)
     path = Path(os.path.abspath(run))
     if path.parent.name == "checkpoints":  # RUN/checkpoints/best.pt
         return f"{path.parent.parent.name}/{path.name}"
@@ -221,19 +242,20 @@ def shown_name(run: str) -> str:
 
 def build_app(
     engine: Engine,
-    name: str,
+    name: str | list[str],
     engine_kind: str,
     limits: Limits | None = None,
     page: str = "",
     search: Search | None = None,
     joining: list | None = None,
 ):
-    """The Starlette application serving `engine` (`name`, a path, and `engine_kind` say what
-    it is; `page` is the HTML of /). With `joining`, search workers (`tf serve`'s search
-    processes, `cli.inference.search_processes`, whose pool is `search`; a GPU's thread,
-    `cli.inference.lanes.ThreadWorker`), each request joins a running search there
-    (`Joiner`); else groups of requests are searched whole by `search` (the engine's own by
-    default: CTranslate2's). Raises InputError for settings no request could use."""
+    """The Starlette application serving `engine` (`name`, a path or an ensemble's paths, and
+    `engine_kind` say what it is; `page` is the HTML of /). With `joining`, search workers
+    (`tf serve`'s search processes, `cli.inference.search_processes`, whose pool is
+    `search`; a GPU's thread, `cli.inference.lanes.ThreadWorker`), each request joins a
+    running search there (`Joiner`; an ensemble's is searched whole between the steps);
+    else groups of requests are searched whole by `search` (the engine's own by default:
+    CTranslate2's). Raises InputError for settings no request could use."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.responses import HTMLResponse, JSONResponse
@@ -277,18 +299,20 @@ def build_app(
     return app
 
 
-def health_fields(engine: Engine, name: str, engine_kind: str, limits: Limits) -> dict:
+def health_fields(engine: Engine, name: str | list[str], engine_kind: str, limits: Limits) -> dict:
     """What /health says is served."""
-    chosen = not engine.languages or engine.to  # a direction served by default
+    into = engine.output_language  # --to, or the model's default; none: a request says
     return {
         "model": shown_name(name),
         "engine": engine_kind,
-        # The direction a request without "to" is translated in (none: a multilingual model
-        # asked for no --to), and every direction the model translates.
-        "src_lang": engine.reads() if chosen else None,
-        "tgt_lang": (engine.to or engine.config.data.target_langs()[0]) if chosen else None,
+        # The direction a request without "to" (and "from") is translated in (none: a
+        # multilingual model that records no default, asked for no --to), and every
+        # direction the model translates.
+        "src_lang": engine.source_language() if into else None,
+        "tgt_lang": into or None,
         "directions": [direction_of(*way) for way in engine.config.data.translates()],
         "languages": list(engine.languages),  # a multilingual model's: a request's "to"
+        "sources": list(engine.sources),  # a model whose sources say theirs: its "from"
         "beam": engine.config.decode.beam_size,
         "max_lines": limits.max_lines,
         "max_queue": limits.max_queue,

@@ -28,6 +28,7 @@ from data.config import (
 )
 from data.files import atomic_output
 from data.tokenizer import Tokenizer, read_tokenizer_settings
+from data.tokenizer_base import BaseTokenizer
 from model.transformer import Transformer
 
 FORMAT = "tf-checkpoint-1"
@@ -155,11 +156,13 @@ def with_init(config: Config) -> Config:
     # The run adopts that tokenizer (data.tokenizer); joint_vocab then says what it is, as the
     # check of tie_embeddings "all" needs; and it translates what the model translates.
     data = replace(config.data, tokenizer=str(tokenizer.directory), joint_vocab=tokenizer.joint)
-    data = init_languages(data, with_directions(init.data, tokenizer.tags), path)
-    if data.new_languages:
-        from cli.training.new_languages import check_new_languages  # which imports this module
+    data = init_languages(data, with_directions(init.data, tokenizer.tags), path, tokenizer)
+    # (cli.training.new_languages imports this module)
+    from cli.training.new_languages import check_new_languages, with_tokens_it_lacks
 
+    if data.new_languages:
         check_new_languages(data, tokenizer, path)
+    data = with_tokens_it_lacks(data, tokenizer)
     check_keeps_tokenizer(data, tokenizer, path)
     decode = init_decode(config.decode, init.decode)
     merged = replace(config, model=replace(config.model, **shapes), data=data, decode=decode)
@@ -186,17 +189,21 @@ def init_tokenizer(config: Config, ckpt: dict[str, Any], path: Path, run: RunDir
     tokenizer = Tokenizer.load(source)
     # A checkpoint from before digests were recorded trusts the tokenizer beside it.
     expected = ckpt.get("tokenizer_digest") or Tokenizer.load(run.tokenizer).digest()
-    if tokenizer.digest() != expected:
+    if expected not in tokenizer.digests():
         named = "data.tokenizer " if config.data.tokenizer else ""
         raise CheckpointError(f"{path}: was trained with another tokenizer than {named}{source}")
     return tokenizer
 
 
-def init_languages(d: DataConfig, init: DataConfig, path: Path) -> DataConfig:
+def init_languages(
+    d: DataConfig, init: DataConfig, path: Path, tokenizer: BaseTokenizer
+) -> DataConfig:
     """`d` translating what `train.init`'s model translates (`DataConfig.translates`,
     `languages`) besides its own corpora: its directions and languages recorded (a
     multilingual model tuned on one direction keeps the others, and their tokens), where its
-    tokens go, its languages the default of corpora that name none.
+    tokens go and their form (a one-way model's none: the form its `tokenizer`'s kind reads,
+    OPUS-MT's ">>{lang}<<", for the tokens a new language brings), its languages the default
+    of corpora that name none.
 
     A corpus may read another source language (transfer: an es->en model tuned on pt->en),
     but write only into a language the model writes: its decoder learned those alone; a model
@@ -212,13 +219,17 @@ def init_languages(d: DataConfig, init: DataConfig, path: Path) -> DataConfig:
         d = replace(d, src_lang=src)
     if d.tgt_lang == DataConfig.tgt_lang:
         d = replace(d, tgt_lang=tgt)
-    if init.lang_tokens() or init.source_tokens():  # pieces of its tokenizer, in its form
-        if d.lang_token not in (init.lang_token, DataConfig.lang_token):
+    has_tokens = bool(init.lang_tokens() or init.source_tokens())  # pieces of its tokenizer
+    form = init.lang_token if has_tokens else tokenizer.lang_token
+    if form:
+        if d.lang_token not in (form, DataConfig.lang_token):
             raise ConfigError(
                 f"data.lang_token {d.lang_token!r}: train.init {path} writes its language "
-                f"tokens as {init.lang_token!r}, which fine-tuning keeps"
+                f"tokens as {form!r}, which fine-tuning keeps"
             )
-        d = replace(d, lang_token=init.lang_token, lang_token_side=init.lang_token_side)
+        d = replace(d, lang_token=form)
+    if has_tokens:
+        d = replace(d, lang_token_side=init.lang_token_side)
     check_init_languages(d, init, path)
     recorded = [direction_of(*way) for way in init.translates()]
     # A many-to-many model's new languages are its languages too: any into any.
@@ -322,7 +333,7 @@ def load_for_inference(
     ckpt = load_checkpoint(path, mmap=True)  # the model copies its weights out
     config = config_from_checkpoint(ckpt, path)
     tokenizer = Tokenizer.load(run.tokenizer)
-    if ckpt.get("tokenizer_digest") not in (None, tokenizer.digest()):
+    if ckpt.get("tokenizer_digest") not in (None, *tokenizer.digests()):
         raise CheckpointError(f"{path}: was trained with another tokenizer than {run.tokenizer}")
     model = build_model(config, tokenizer)
     load_weights(model, ckpt, path)

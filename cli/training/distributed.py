@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from cli.device import pick_device
-from data.errors import InputError
+from data.errors import InputError, counted
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,25 @@ class Dist:
         return self.world_size > 1
 
 
+class StoppedWithMain(Exception):
+    """The main rank failed in a block it runs first (`main_first`): this rank stops with it,
+    and says nothing (the main rank says why)."""
+
+
+def launched_by_torchrun() -> bool:
+    """Whether torchrun started this process: it reports any exit but 0 of one as a failure of
+    its own, with a traceback (ChildFailedError), so a refusal exits 0 there (`cli.main`)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
 def init(device_name: str, timeout: float = 7200.0) -> tuple[Dist, torch.device]:
     """Join the process group torchrun described (NCCL on GPUs, Gloo on CPUs), pick the device.
 
     `timeout`: seconds a collective may wait for the slowest rank before failing.
+
+    Raises:
+        InputError: more processes on this machine than it has GPUs (on every rank alike: a
+            rank that stopped alone would leave the others waiting for it).
     """
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return Dist(), pick_device(device_name)
@@ -51,10 +66,13 @@ def init(device_name: str, timeout: float = 7200.0) -> tuple[Dist, torch.device]
     )
     device = pick_device(device_name)
     if device.type == "cuda":
-        if d.local_rank >= torch.cuda.device_count():  # each process takes its own GPU
+        # torchrun's LOCAL_WORLD_SIZE: the processes on this machine, each taking its own GPU.
+        local = max(int(os.environ.get("LOCAL_WORLD_SIZE", "0")), d.local_rank + 1)
+        if local > torch.cuda.device_count():
             raise InputError(
-                f"LOCAL_RANK {d.local_rank}: this machine has {torch.cuda.device_count()} CUDA "
-                "device(s); start at most that many processes on it (torchrun --nproc-per-node)"
+                f"{counted(local, 'process', 'processes')} on this machine, which has "
+                f"{counted(torch.cuda.device_count(), 'CUDA device')}: start at most that "
+                "many on it (torchrun --nproc-per-node)"
             )
         device = torch.device("cuda", d.local_rank)
         torch.cuda.set_device(device)
@@ -134,9 +152,20 @@ def barrier(d: Dist) -> None:
 @contextmanager
 def main_first(d: Dist) -> Iterator[None]:
     """Run the block on the main rank first, then on the others: files it writes (a tokenizer,
-    the `datasets` cache of the encoded corpus) are made once and then read by the rest."""
-    if d.active and not d.main:
-        dist.barrier()
-    yield
+    the `datasets` cache of the encoded corpus) are made once and then read by the rest. Where
+    it fails on the main rank (a corpus refused), the others stop too, without running it
+    (`StoppedWithMain`): every rank stops together, and the main rank alone says why.
+
+    Raises:
+        StoppedWithMain: on the other ranks, when the block failed on the main rank.
+    """
+    if d.active and not d.main and not broadcast_object(d, None):
+        raise StoppedWithMain("the main rank stopped")
+    try:
+        yield
+    except BaseException:
+        if d.active and d.main:
+            broadcast_object(d, False)
+        raise
     if d.active and d.main:
-        dist.barrier()
+        broadcast_object(d, True)

@@ -14,6 +14,7 @@ them apart (`load_adapted`), to go on training the adapters alone.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -24,11 +25,12 @@ import torch
 from cli.config import Config
 from cli.training.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_atomic
 from cli.training.new_languages import first_new_rows
+from cli.training.run import BASE  # beside checkpoints/ in the run directory
+from data.errors import InputError
+from data.files import atomic_output
 from data.tokenizer_base import BaseTokenizer
 from model.attention import MultiheadAttention
-from model.lora import add_lora, freeze_for_lora, merge_lora
-
-BASE = "base.pt"  # beside checkpoints/ in the run directory
+from model.lora import NEW_ROWS, add_lora, freeze_for_lora, merge_lora, rows_trained_alone
 
 
 def base_path(checkpoint: Path) -> Path:
@@ -74,7 +76,13 @@ def write_base(
     except OSError:
         save_atomic({"format": FORMAT, "model": weights}, tmp)
     os.replace(tmp, out)
-    return {"file": BASE, "sha256": file_sha256(out), "stat": file_stat(out)}
+    return base_record(out)
+
+
+def base_record(base: Path) -> dict[str, str]:
+    """What each checkpoint of a run records of its base.pt at `base`: the file, its sha256
+    and what changes whenever it does (`file_stat`)."""
+    return {"file": BASE, "sha256": file_sha256(base), "stat": file_stat(base)}
 
 
 def base_weights(ckpt: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:
@@ -89,13 +97,42 @@ def base_weights(ckpt: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:
             f"{base}: missing, the base weights of {path} (a LoRA checkpoint holds only its "
             "adapters); restore the run's base.pt"
         )
-    unchanged = record.get("stat") == file_stat(base)  # else (a copied run, say): hash it
-    if not unchanged and file_sha256(base) != record["sha256"]:
-        raise CheckpointError(
-            f"{base}: changed since {path} was written (its sha256 is not the one recorded): "
-            "the adapters were trained on other weights"
-        )
+    stat = file_stat(base)
+    # Unchanged since it was recorded, or since a copy of it (a copied run) was hashed once.
+    if stat not in (record.get("stat"), verified_copy(base, record["sha256"])):
+        if file_sha256(base) != record["sha256"]:
+            raise CheckpointError(
+                f"{base}: changed since {path} was written (its sha256 is not the one "
+                "recorded): the adapters were trained on other weights"
+            )
+        record_verified_copy(base, record["sha256"], stat)
     return load_checkpoint(base, mmap=True)["model"]
+
+
+def verified_path(base: Path) -> Path:
+    """Where a run records the copy of its base.pt last hashed: beside it."""
+    return base.with_name(f"{base.stem}.verified.json")
+
+
+def verified_copy(base: Path, sha256: str) -> list[int] | None:
+    """The `file_stat` of the base at `base` when it was last hashed to `sha256` (a copy of
+    the file the checkpoints recorded: another inode, another change time); None if never."""
+    try:
+        seen = json.loads(verified_path(base).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return seen.get("stat") if isinstance(seen, dict) and seen.get("sha256") == sha256 else None
+
+
+def record_verified_copy(base: Path, sha256: str, stat: list[int]) -> None:
+    """Record that the base at `base`, as `stat` says it is, hashed to `sha256`: later loads
+    of a copied run compare its stat, not gigabytes. A run directory that cannot be written
+    (read-only) is hashed at each load, as before."""
+    try:
+        with atomic_output(verified_path(base)) as f:
+            f.write(json.dumps({"sha256": sha256, "stat": stat}))
+    except (OSError, InputError):  # (`atomic_output` refuses a directory it cannot write)
+        pass
 
 
 def adapt(
@@ -113,12 +150,14 @@ def adapt(
 
 def trained_rows(model: torch.nn.Module, config: Config, tokenizer: BaseTokenizer) -> dict:
     """{parameter name: its first row that trains} where only the new languages' rows of a
-    matrix train (`embeddings_of_new_languages`); {} otherwise. The checkpoints keep those rows
-    alone, and their moments: the others never move (their gradient is zeroed, and Adam
-    without weight decay leaves such a row and its zero moments as they are)."""
-    if "embeddings_of_new_languages" not in config.train.trainable:
+    matrix train (`embeddings_of_new_languages`, no other group named training the matrix
+    whole: `rows_trained_alone`, as `adapt` froze them); {} otherwise. The checkpoints keep
+    those rows alone, and their moments: the others never move (their gradient is zeroed, and
+    Adam without weight decay leaves such a row and its zero moments as they are)."""
+    trainable = config.train.trainable
+    if NEW_ROWS not in trainable:
         return {}
-    return first_new_rows(model, tokenizer, config.data)
+    return rows_trained_alone(model, trainable, first_new_rows(model, tokenizer, config.data))
 
 
 def hold_frozen(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
@@ -128,12 +167,19 @@ def hold_frozen(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
     their memory, and no cast at each step. Norms, biases and embeddings (whose lookup
     autocast leaves in float32) stay as they are. A frozen output layer tied to them gets a
     copy of its own in `dtype` (untied: neither ever changes): its matmul over the whole
-    vocabulary casts no 256,206 x 1,024 matrix at each step either."""
+    vocabulary casts no 256,206 x 1,024 matrix at each step either. The copy is a buffer, not
+    a second parameter: the model's parameters (and their count) stay those of the model."""
     if dtype is None:
         return
     generator = getattr(model, "generator", None)
     if generator is not None and not generator.weight.requires_grad:
-        generator.weight = torch.nn.Parameter(generator.weight.detach().to(dtype), False)
+        held = generator.weight.detach().to(dtype)
+        embeddings = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+        if any(generator.weight is weight for weight in embeddings):
+            del generator.weight  # (the embeddings' Parameter, which stays theirs)
+            generator.register_buffer("weight", held)  # in state dicts under its name still
+        else:
+            generator.weight.data = held
     for module in model.modules():
         if isinstance(module, MultiheadAttention):
             weight = module.in_proj_weight
@@ -166,9 +212,28 @@ def load_adapted(model: torch.nn.Module, ckpt: dict[str, Any], path: Path) -> No
 def load_merged(model: torch.nn.Module, ckpt: dict[str, Any], path: Path, config: Config) -> None:
     """The adapted checkpoint's weights in a plain `model`: base and adapters merged (what
     inference, exports and averages read)."""
-    add_lora(model, config.train.lora)
+    # The adapters' first values are the checkpoint's: drawn from a generator of their own,
+    # not from the global one (a validation in the middle of training draws no dropout's).
+    add_lora(model, config.train.lora, torch.Generator())
     load_adapted(model, ckpt, path)
     merge_lora(model)
+
+
+def merged_copy(
+    model: torch.nn.Module,
+    plain: torch.nn.Module,
+    base: dict[str, Any],
+    path: Path,
+    names: list[str],
+    rows: dict[str, int],
+    config: Config,
+) -> torch.nn.Module:
+    """`plain`, a new model of the adapted `model`'s shape, holding what a checkpoint of
+    `model` written now at `path` would give every command: the base its record `base` names
+    with the adapters (and groups) as they are merged in (`load_merged`)."""
+    ckpt = {"base": base, "model": trained_state(model, names, rows), "rows": rows}
+    load_merged(plain, ckpt, path, config)
+    return plain
 
 
 def trained_state(

@@ -11,6 +11,7 @@ row per id, and the exports' `vocab_size` is the tokenizer's size again.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from torch import Tensor
 from cli.config import Config, ConfigError
 from cli.training.checkpoint import CheckpointError, build_model, load_weights
 from data.added_tokens import check_addable
-from data.config import DataConfig, corpus_name, lang_token
+from data.config import DataConfig, NewLanguage, corpus_name, lang_token
 from data.errors import InputError
 from data.tokenizer import Tokenizer
 from data.tokenizer_base import BaseTokenizer
@@ -39,7 +40,9 @@ def check_new_languages(d: DataConfig, tokenizer: BaseTokenizer, path: Path) -> 
 
     Raises:
         ConfigError: a token the tokenizer has already, a language no training corpus reads
-            or writes, a row to copy that is no language of the model, a language twice.
+            or writes, a source language of a model whose sources carry no token of their
+            own (it needs none), a row to copy that is no language token of the model, a
+            language twice.
     """
     langs = [n.lang for n in d.new_languages]
     trained = {lang for c in d.corpora() for lang in d.direction(c)}
@@ -54,15 +57,42 @@ def check_new_languages(d: DataConfig, tokenizer: BaseTokenizer, path: Path) -> 
                 f"{where}: no training corpus reads or writes {n.lang} ({names}): a new "
                 "language's row learns from its corpora"
             )
-        if n.init != "mean" and n.init not in known:
+        if d.lang_token_side == "source" and n.lang not in d.target_langs():
             raise ConfigError(
-                f"{where}.init {n.init!r}: not a language of train.init {path} (its row would "
-                f"start the new one's): name one of {', '.join(list(known)[:12])}..., or mean"
+                f"{where}: {n.lang} is only read, and train.init {path} puts no token of a "
+                "source's own language before it (data.lang_token_side: source): a new source "
+                f"language needs none; drop it from data.new_languages (reading {n.lang} is "
+                "transfer, as any corpus of another source language)"
+            )
+        if n.init != "mean" and not known:
+            raise ConfigError(
+                f"{where}.init {n.init!r}: train.init {path} has no language tokens (a one-way "
+                "model), so no language row to copy: leave init out (the new row starts from "
+                "the mean of all its rows)"
+            )
+        if n.init != "mean" and n.init not in known:
+            listed = ", ".join(list(known)[:12]) + (", ..." if len(known) > 12 else "")
+            raise ConfigError(
+                f"{where}.init {n.init!r}: no language token of train.init {path} (whose row "
+                f"would start the new one's): name one of {listed}, or mean"
             )
     try:
         check_addable(tokenizer, d.new_tokens())
     except InputError as e:
         raise ConfigError(str(e)) from None
+
+
+def with_tokens_it_lacks(d: DataConfig, tokenizer: BaseTokenizer) -> DataConfig:
+    """`d` with each language of the model whose token the run puts and `tokenizer` (the
+    init's) lacks first in `new_languages`, its row the mean's: a one-way model, whose
+    sources need no token, given a second target language gains a token for its old target
+    as for the new one (a run's languages have a token each, or none has)."""
+    new = {n.lang for n in d.new_languages}
+    tokens = {**d.lang_tokens(), **d.source_tokens()}
+    lacking = [lang for lang, t in tokens.items() if lang not in new and t not in tokenizer.tags]
+    if not lacking:
+        return d
+    return replace(d, new_languages=[*map(NewLanguage, lacking), *d.new_languages])
 
 
 def row_ids(d: DataConfig, tokenizer: BaseTokenizer) -> dict[str, int]:
@@ -75,17 +105,12 @@ def row_ids(d: DataConfig, tokenizer: BaseTokenizer) -> dict[str, int]:
 
 
 def starting_rows(d: DataConfig, tokenizer: BaseTokenizer) -> list[list[int]]:
-    """For each new language, the ids of the init's rows whose mean starts its row (one id for
-    a named language; every language token's for "mean")."""
+    """For each new language, the ids of the init's rows whose mean starts its row: one id for
+    a named language; for "mean" every language token's, or where the model has none (a
+    one-way model) every id's, as transformers' `resize_token_embeddings` starts new rows."""
     known = row_ids(d, tokenizer)
-    if not known and any(n.init == "mean" for n in d.new_languages):
-        raise ConfigError(
-            f"data.new_languages: {tokenizer.directory} has no language tokens to take the "
-            "mean of: name a row to copy (init)"
-        )
-    return [
-        sorted(known.values()) if n.init == "mean" else [known[n.init]] for n in d.new_languages
-    ]
+    mean = sorted(known.values()) or list(range(tokenizer.src_vocab_size))
+    return [mean if n.init == "mean" else [known[n.init]] for n in d.new_languages]
 
 
 def grow_rows(weights: dict[str, Tensor], rows: list[list[int]], sides: dict[str, int]) -> dict:
@@ -118,7 +143,7 @@ def grown_init(
         CheckpointError: the checkpoint was trained with another tokenizer than the init's.
     """
     init_tokenizer = Tokenizer.load(config.data.tokenizer)
-    if ckpt.get("tokenizer_digest") not in (None, init_tokenizer.digest()):
+    if ckpt.get("tokenizer_digest") not in (None, *init_tokenizer.digests()):
         raise CheckpointError(
             f"{path}: was trained with another tokenizer than {init_tokenizer.directory}"
         )

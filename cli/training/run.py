@@ -6,24 +6,33 @@ carries, and the policy for starting, forcing and resuming a run.
                              trained with (`data.pipeline` chooses them)
     RUN/metrics.jsonl        one JSON object per log line / validation
     RUN/checkpoints/last.pt, best.pt, step_N.pt   (see `cli.training.checkpoint`)
+    RUN/base.pt              a LoRA run's frozen weights (see `cli.training.lora`)
+
+Every path a run's config names is recorded absolute (`anchored`), so that it resumes from any
+working directory.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from cli.config import Config, config_diff, load_config, read_yaml, save_config
+from data.config import SetConfig
 from data.files import check_output
 
 log = logging.getLogger(__name__)
+
+
+BASE = "base.pt"  # a LoRA run's frozen weights, beside checkpoints/
 
 
 class TrainingError(Exception):
@@ -51,6 +60,10 @@ class RunDir:
         return self.path / "checkpoints"
 
     @property
+    def base(self) -> Path:
+        return self.path / BASE
+
+    @property
     def data_report(self) -> Path:
         return self.path / "data.json"  # per training corpus: read, removed by rule, kept
 
@@ -67,8 +80,45 @@ class RunDir:
 # ------------------------------------------------------------------------- a new or resumed run
 
 
-def start_run(config: Config, out: Path, force: bool) -> RunDir:
-    """Lay out a new run directory; never clobber an existing run unless forced."""
+# The settings that name files: corpora (a spec, or a list of sets), a folder, a checkpoint.
+PATH_SETTINGS = (
+    ("data", "train"),
+    ("data", "dev"),
+    ("data", "test"),
+    ("data", "tokenizer"),
+    ("train", "init"),
+)
+
+
+def anchored(config: Config, like: Config | None = None) -> Config:
+    """`config` with every path of PATH_SETTINGS absolute, read from the working directory
+    (corpus specs by `data.corpus.anchored_spec`): a run records them so, and resumes from
+    anywhere. `like`: a run's saved config, whose value of a setting is kept where it names
+    the same place, as it is written (a run recorded before paths were anchored keeps its
+    relative ones, which its checkpoint's corpus records and its tokenizer's settings name)."""
+    from data.corpus import anchored_spec  # (`datasets`, which `tf translate` need not load)
+
+    def place(value: str | list[SetConfig], path: bool) -> str | list[SetConfig]:
+        if isinstance(value, list):
+            return [replace(s, corpus=anchored_spec(s.corpus)) for s in value]
+        return os.path.abspath(value) if path and value else anchored_spec(value)
+
+    changed: dict[str, dict[str, Any]] = {}
+    for section, key in PATH_SETTINGS:
+        path = key in ("tokenizer", "init")
+        value = place(getattr(getattr(config, section), key), path)
+        if like is not None:
+            kept = getattr(getattr(like, section), key)
+            value = kept if place(kept, path) == value else value
+        changed.setdefault(section, {})[key] = value
+    return replace(
+        config, **{name: replace(getattr(config, name), **v) for name, v in changed.items()}
+    )
+
+
+def start_run(config: Config, out: Path, force: bool, restart: bool = False) -> RunDir:
+    """Lay out a new run directory; never clobber an existing run unless forced. `restart`: the
+    run in `out`, killed before its first checkpoint, starts again: its base.pt stays."""
     run = RunDir(out)
     if out.exists() and not out.is_dir():
         raise TrainingError(f"{out}: is a file; --out needs a directory")
@@ -81,9 +131,30 @@ def start_run(config: Config, out: Path, force: bool) -> RunDir:
             )
         shutil.rmtree(run.checkpoints, ignore_errors=True)
         run.metrics.unlink(missing_ok=True)
+    if not restart:  # another run's weights, which a restart of this one must not take
+        run.base.unlink(missing_ok=True)
     run.path.mkdir(parents=True, exist_ok=True)
     save_config(config, run.config)
     return run
+
+
+def check_restart(config: Config, run: RunDir) -> None:
+    """A run killed before its first checkpoint starts again from update 0 with its own copies
+    of what it started from: its tokenizer (RUN/tokenizer) and, adapted by LoRA, its base
+    weights (RUN/base.pt); a full fine-tune's first weights are still its init's.
+
+    Raises:
+        TrainingError: the init it needs is gone, before anything is touched.
+    """
+    init = config.train.init
+    if not init or Path(init).exists() or (config.train.lora.rank and run.base.is_file()):
+        return
+    raise TrainingError(
+        f"train.init {init}: gone (no such run directory or checkpoint); {run.path} was "
+        "killed before its first checkpoint and starts again from that checkpoint's weights "
+        f"(a LoRA run from its {BASE}, written once it has loaded them): restore it, or start "
+        f"afresh from another: tf train CONFIG --init RUN --out {run.path} --force"
+    )
 
 
 # What a resumed run cannot change: the checkpoint's weights have the model's shapes, its
@@ -138,6 +209,7 @@ def resume_config(
         if config_path
         else load_config(run.config, [*earlier, *overrides])
     )
+    wanted = anchored(wanted, like=saved)  # a path given now is read from here
     changes = config_diff(saved.to_dict(), wanted.to_dict())
     fixed = [
         c

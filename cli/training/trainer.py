@@ -49,6 +49,7 @@ from cli.training.prefetch import Fetched, Prefetcher, training_batches
 from cli.training.preflight import check_settings
 from cli.training.run import RunDir, TrainingError, rng_state, set_rng_state
 from data.batching import Batch
+from data.errors import counted
 from model.loss import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,11 @@ class Trainer:
         dd: distributed.Dist,
         device: torch.device,
         resume: bool = False,
+        restart: bool = False,
     ) -> None:
+        """`restart`: the run in `run` was killed before its first checkpoint and starts again
+        from update 0, its own copies of its init's tokenizer and (LoRA) weights standing in
+        for the init's (`check_restart`), which may be gone."""
         self.config = config
         self.run = run
         self.dist, self.device = dd, device
@@ -154,20 +159,23 @@ class Trainer:
         if t.deterministic:
             make_deterministic(device)
         seed_everything(t.seed)
+        # A restart keeps the run's copy of an adopted tokenizer (written whole, new language
+        # tokens in it); one it trained is checked against its settings as at any start.
+        own_tokenizer = resume or (restart and bool(config.data.tokenizer))
         with distributed.main_first(dd):  # one rank trains the tokenizer and fills the caches
-            self.data = training_data(config, run.tokenizer, dd, resume)
+            self.data = training_data(config, run.tokenizer, dd, own_tokenizer)
         self.tokenizer = self.data.tokenizer
         self.model = build_model(config, self.tokenizer).to(self.device)
         self.base: dict[str, str] | None = None  # a LoRA run's base.pt record
-        if t.init and not resume:  # fine-tuning: start from that checkpoint's weights
-            self.load_init_weights(t.init)
+        if t.init and not resume:
+            self.load_starting_weights(restart)
         # LoRA: adapters on the model, the rest frozen; the optimizer holds what trains.
         self.trained = lora.adapt(self.model, config, self.tokenizer) if t.lora.rank else []
         self.model.to(self.device)
         shard.shard_model(self.model, t.shard, dd, device)  # before the optimizer: it holds them
         self.dtype = autocast_dtype(t.precision, self.device)
-        if t.lora.rank and autocast_dtype(config.decode.precision, self.device) == self.dtype:
-            lora.hold_frozen(self.model, self.dtype)  # validation decodes in it too
+        if t.lora.rank:  # (validation decodes a merged copy: `validated_model`)
+            lora.hold_frozen(self.model, self.dtype)
         # The weights of record: validated, saved as "model", translated.
         self.average = WeightAverage(self.model, t.ema_decay) if t.ema_decay else None
         # Read by the budget schedules; `clock` is the main rank's elapsed time (see update).
@@ -183,20 +191,33 @@ class Trainer:
         self.batch_stream: Prefetcher | Generator[Fetched, None, None] | None = None
         self.metrics: MetricsLog | None = None  # the main rank's (restore opens it on resume)
         try:
-            if resume:
-                self.restore(run.checkpoints / "last.pt")
-            else:
-                self.open_metrics(None)
-                self.start_batches()
-                # Dropout differs between ranks; the initial weights do not (DDP broadcasts
-                # rank 0's).
-                torch.manual_seed(t.seed + self.dist.rank)
+            self.start(resume)
             self.net = self.training_module()
         except BaseException:
             self.close()  # a prefetching thread started above
             raise
         self.stop_requested = False
         self.resumed = resume
+
+    def start(self, resume: bool) -> None:
+        """The state to train on from: the last checkpoint's, or a new run's first batches."""
+        if resume:
+            self.restore(self.run.checkpoints / "last.pt")
+            return
+        self.open_metrics(None)
+        self.start_batches()
+        # Dropout differs between ranks; the initial weights do not (DDP broadcasts rank 0's).
+        torch.manual_seed(self.config.train.seed + self.dist.rank)
+
+    def load_starting_weights(self, restart: bool) -> None:
+        """A fine-tune's first weights: a LoRA run restarted before its first checkpoint takes
+        its own base.pt, the init's weights as it first loaded them (the init may be gone);
+        any other start, `train.init`'s checkpoint."""
+        t = self.config.train
+        if restart and t.lora.rank and self.run.base.is_file():
+            self.load_kept_base()
+        else:
+            self.load_init_weights(t.init)
 
     @property
     def rows(self) -> dict[str, int]:
@@ -213,7 +234,7 @@ class Trainer:
         new = bool(self.config.data.new_languages)
         if new:  # its rows and one more per new language (data.new_languages)
             ckpt = grown_init(ckpt, path, self.config, self.tokenizer)
-        elif ckpt.get("tokenizer_digest") not in (None, self.tokenizer.digest()):
+        elif ckpt.get("tokenizer_digest") not in (None, *self.tokenizer.digests()):
             raise CheckpointError(
                 f"{path}: was trained with another tokenizer than {self.run.tokenizer}"
             )
@@ -223,6 +244,20 @@ class Trainer:
             self.base = lora.write_base(self.run.path, path, ckpt, weights, link=not new)
         if self.config.train.lora.rank:
             self.base = distributed.broadcast_object(self.dist, self.base)
+
+    def load_kept_base(self) -> None:
+        """A LoRA run restarted: the weights of its RUN/base.pt (written whole when it first
+        started: the init's as loaded, new languages' rows grown), wherever its init went."""
+        path = self.run.base
+        ckpt = load_checkpoint(path, mmap=True)
+        if ckpt.get("tokenizer_digest") not in (None, *self.tokenizer.digests()):
+            raise CheckpointError(
+                f"{path}: was trained with another tokenizer than {self.run.tokenizer}"
+            )
+        load_weights(self.model, ckpt, path)
+        if self.dist.main:
+            self.base = lora.base_record(path)
+        self.base = distributed.broadcast_object(self.dist, self.base)
 
     def training_module(self) -> torch.nn.Module:
         """What the updates run: the model, under DDP when distributed, compiled if asked."""
@@ -328,7 +363,7 @@ class Trainer:
                 f"tf train configs/finetune.yaml --init {self.run.path} --out NEW_RUN"
             )
         self.check_world_size(ckpt, path)
-        if ckpt.get("tokenizer_digest") != self.tokenizer.digest():
+        if ckpt.get("tokenizer_digest") not in self.tokenizer.digests():
             raise TrainingError(
                 f"{path}: was trained with another tokenizer than {self.run.tokenizer}"
             )
@@ -381,18 +416,21 @@ class Trainer:
         if saved == now:
             return
         per_update = saved * ckpt["config"]["train"]["update_freq"]
+        written = (
+            f"{path}: written by {counted(saved, 'process', 'processes')} taking "
+            f"{counted(per_update, 'batch', 'batches')} an update"
+        )
         if per_update % now:
             raise TrainingError(
-                f"{path}: written by {saved} processes taking {per_update} batches an update; "
-                f"resume in a number of processes that divides {per_update} (now {now})"
+                f"{written}; resume in a number of processes that divides {per_update} (now {now})"
             )
         if now * self.config.train.update_freq != per_update:
             raise TrainingError(
-                f"{path}: written by {saved} processes taking {per_update} batches an update; "
-                f"in {now} resume with --set train.update_freq={per_update // now} "
-                "--allow-config-change to take the same batches"
+                f"{written}; in {counted(now, 'process', 'processes')} resume with --set "
+                f"train.update_freq={per_update // now} --allow-config-change to take the "
+                "same batches"
             )
-        log.info("resuming %d processes' run in %d", saved, now)
+        log.info("resuming the run of %s in %d", counted(saved, "process", "processes"), now)
 
     # -- one update
 
@@ -581,8 +619,23 @@ class Trainer:
         return self.average.model if self.average else self.model
 
     def plain_model(self) -> torch.nn.Module:
-        """A new model of this run's shape (`shard.full_copy` fills it for validation)."""
-        return build_model(self.config, self.tokenizer)
+        """A new model of this run's shape (`shard.full_copy` fills it for validation). Its
+        initial weights, overwritten, are drawn from a fork of the global generator: the
+        dropout of the updates after a validation draws as if there had been none, as a
+        resume from its checkpoint does."""
+        with torch.random.fork_rng(devices=[]):
+            return build_model(self.config, self.tokenizer)
+
+    def validated_model(self) -> torch.nn.Module | None:
+        """What validation decodes where it is not the model of record: a LoRA run's model as
+        every command decodes it, its base with the adapters merged, built as
+        `load_for_inference` builds it from a checkpoint (merged in float32 from RUN/base.pt,
+        where the frozen weights trained held in bf16; `lora.merged_copy`). None otherwise."""
+        if not self.base:
+            return None
+        plain = self.plain_model().to(self.device)
+        names, path = self.trained, self.run.checkpoints / "last.pt"
+        return lora.merged_copy(self.model, plain, self.base, path, names, self.rows, self.config)
 
     @torch.no_grad()
     def validate(self, model: torch.nn.Module | None = None) -> dict[str, float]:
@@ -765,7 +818,8 @@ class Trainer:
         # Sharded: every rank gathers the weights into rank 0's plain copy, which decodes.
         full = shard.full_copy(self.model, self.plain_model)
         if self.dist.main:  # the others wait in the next collective; early stopping reaches
-            metrics = self.validate(full)  # them with the stop flag of the next update
+            # them with the stop flag of the next update
+            metrics = self.validate(full if full is not None else self.validated_model())
             best = self.record_validation(metrics)
             record = {"step": p.step, "epoch": round(self.epochs_done(), 3), **metrics}
             if self.metrics is not None:
