@@ -12,6 +12,7 @@ hypotheses (as `tf translate` loads and calls it).
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import multiprocessing
 import tempfile
@@ -30,7 +31,7 @@ from cli.inference.engines import load_engine
 from cli.inference.scoring import score
 from cli.training.checkpoint import load_for_inference
 from data.corpus import load_corpus
-from model.int8 import int_mm_is_exact
+from model.int8 import Int8Linear, quantize_linears
 
 ENGINES = ("tf_fp32", "tf_bf16", "tf_int8", "ct2_float32", "ct2_int8")
 
@@ -55,10 +56,7 @@ def run(run_dir: Path, sentences: int = 1000, repeats: int = 2) -> dict:
     if autocast_dtype("auto", cpu) == torch.bfloat16:  # else no tf_bf16 row
         engines["tf_bf16"] = (str(run_dir), ["decode.precision=bf16"], False)
     engines["tf_int8"] = (str(run_dir), [], True)
-    results: dict[str, float | str] = {"sentences": len(lines)}
-    # What tf_int8's speed rests on: oneDNN's int8 kernel, or float32 where it is not exact
-    exact = int_mm_is_exact(config.model.d_model, config.model.d_ff)
-    results["int8_products"] = "torch._int_mm" if exact else "float32 (no exact int8 kernel)"
+    results: dict[str, float | str] = {"sentences": len(lines), "int8_products": products(model)}
     with tempfile.TemporaryDirectory(prefix="tf-engines-") as workdir:
         if importlib.util.find_spec("ctranslate2") is not None:
             for name, quantization in (("ct2_float32", None), ("ct2_int8", "int8")):
@@ -72,6 +70,24 @@ def run(run_dir: Path, sentences: int = 1000, repeats: int = 2) -> dict:
             for worker in workers.values():
                 worker.close()
     return results
+
+
+def products(model: torch.nn.Module) -> str:
+    """What tf_int8's speed rests on, in words: which of the quantized model's layers multiply
+    through oneDNN's int8 kernel (`torch._int_mm`) and which in float32, where this CPU's
+    kernel is not exact for their shape (`model.int8.int_mm_is_exact`, asked per layer as
+    `--int8` asks it: the attentions' projections, both FFN layers, the output layer)."""
+    quantized = quantize_linears(copy.deepcopy(model))
+    layers = [m for m in quantized.modules() if isinstance(m, Int8Linear)]
+    slow = sorted({(m.in_features, m.out_features) for m in layers if m.float_weight is not None})
+    kernel = sum(m.float_weight is None for m in layers)
+    if not slow:
+        return f"torch._int_mm in all {len(layers)} layers"
+    shapes = ", ".join(f"{k}x{n}" for k, n in slow)
+    return (
+        f"torch._int_mm in {kernel} of {len(layers)} layers, float32 in the others (no exact "
+        f"int8 kernel here for in x out {shapes})"
+    )
 
 
 class Worker:
@@ -186,7 +202,7 @@ def print_results(r: dict) -> None:
                 )
             )
     print_table(rows)
-    print(f"tf_int8: int8 products through {r['int8_products']}; attention in float64")
+    print(f"tf_int8: its products through {r['int8_products']}; attention in float64")
 
 
 def main() -> None:

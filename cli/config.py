@@ -4,18 +4,15 @@
 A YAML file names only what differs from the defaults. Loading is strict: an unknown key or a
 value of the wrong type is a `ConfigError` naming the dotted key and the nearest valid one.
 Every number, at any depth, is finite and in the range its field declares in the schema
-(`field(metadata={"range": "(0, inf)"})`: an interval, `Interval`; `metadata["says"]`, where a
-field has it, words the range its own way in messages). `--set section.key=value` overrides
-are parsed with `yaml.safe_load`, then checked the same way.
+(`ranged(1.0, "(0, inf)")`: `data.ranges`); every setting that names files or folders is
+marked so (`metadata={"path": True}`: `with_paths` finds them). `--set section.key=value`
+overrides are parsed with `yaml.safe_load`, then checked the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
-import math
-import re
 import types
 import typing
 from collections.abc import Callable
@@ -29,6 +26,7 @@ import yaml
 from cli.device import DEVICE_PATTERN
 from data.config import DataConfig, check_data
 from data.files import atomic_output
+from data.ranges import first_out_of_range, out_of_range, ranged
 from model.lora import NEW_ROWS, TRAINABLE_GROUPS, LoraConfig, check_lora
 from model.transformer import ModelConfig
 
@@ -44,59 +42,59 @@ class ConfigError(Exception):
 @dataclass
 class TrainConfig:
     # 32 bits: SentencePiece's and numpy's generators take no more.
-    seed: int = field(default=1, metadata={"range": "[0, 4294967295]"})
+    seed: int = ranged(1, "[0, 4294967295]")
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False  # torch.compile the model
     # A checkpoint whose weights start the run (fine-tuning, e.g. a `tf prune` output): its model
     # shapes and its tokenizer replace the config's.
-    init: str = ""
+    init: str = field(default="", metadata={"path": True})
     deterministic: bool = False  # torch.use_deterministic_algorithms, for bit-exact resume tests
     # Seconds a torchrun rank waits in a collective (NCCL's default is 10 minutes): the others
     # wait while rank 0 alone trains the tokenizer and encodes a large corpus.
-    dist_timeout: float = field(default=7200.0, metadata={"range": "(0, inf)"})
+    dist_timeout: float = ranged(7200.0, "(0, inf)")
     # Batches: a token budget counted with padding, accumulated over update_freq batches per update.
-    max_tokens: int = field(default=4096, metadata={"range": "(0, inf)"})
-    max_sentences: int = field(default=1024, metadata={"range": "(0, inf)"})
-    update_freq: int = field(default=1, metadata={"range": "(0, inf)"})
+    max_tokens: int = ranged(4096, "(0, inf)")
+    max_sentences: int = ranged(1024, "(0, inf)")
+    update_freq: int = ranged(1, "(0, inf)")
     # Stopping: whichever comes first; 0 disables a limit.
-    max_steps: int = field(default=100_000, metadata={"range": "[0, inf)"})
-    max_epochs: int = field(default=0, metadata={"range": "[0, inf)"})
-    max_time: float = field(default=0.0, metadata={"range": "[0, inf)"})  # seconds of wall time
+    max_steps: int = ranged(100_000, "[0, inf)")
+    max_epochs: int = ranged(0, "[0, inf)")
+    max_time: float = ranged(0.0, "[0, inf)")  # seconds of wall time
     # Optimiser: Adam(0.9, 0.98, eps 1e-9) as in the paper, section 5.3.
     # noam: a multiplier of d_model^-0.5 * min(...); the others: the peak.
-    lr: float = field(default=1.0, metadata={"range": "(0, inf)"})
+    lr: float = ranged(1.0, "(0, inf)")
     # linear/cosine: warm up, then decay to 0 when the nearest of max_steps, max_epochs and
     # max_time is reached (with max_time the lr follows the clock, so reruns differ slightly;
     # with none of them set it stays at the peak).
     schedule: Literal["noam", "inverse_sqrt", "linear", "cosine"] = "noam"
     # (0 would divide by zero under noam, or leave the lr at 0 under inverse_sqrt.)
-    warmup_steps: int = field(default=4000, metadata={"range": "(0, inf)"})
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98], metadata={"range": "[0, 1)"})
-    adam_eps: float = field(default=1e-9, metadata={"range": "(0, inf)"})
-    weight_decay: float = field(default=0.0, metadata={"range": "[0, inf)"})
+    warmup_steps: int = ranged(4000, "(0, inf)")
+    betas: list[float] = ranged([0.9, 0.98], "[0, 1)")
+    adam_eps: float = ranged(1e-9, "(0, inf)")
+    weight_decay: float = ranged(0.0, "[0, inf)")
     # 0 disables gradient clipping.
-    clip_norm: float = field(default=0.0, metadata={"range": "[0, inf)"})
-    label_smoothing: float = field(default=0.1, metadata={"range": "[0, 1)"})
+    clip_norm: float = ranged(0.0, "[0, inf)")
+    label_smoothing: float = ranged(0.1, "[0, 1)")
     # 0: off. Else the weights of record (validated, kept as best.pt, translated, exported) are
     # an exponential moving average of the trained ones with this decay (cli/training/ema.py);
     # the checkpoints keep the trained weights too, to resume from.
-    ema_decay: float = field(default=0.0, metadata={"range": "[0, 1)"})
+    ema_decay: float = ranged(0.0, "[0, 1)")
     # Stop after this many non-finite losses in a row.
-    max_bad_steps: int = field(default=5, metadata={"range": "(0, inf)"})
+    max_bad_steps: int = ranged(5, "(0, inf)")
     # Logging, validation, checkpoints (in updates).
-    log_every: int = field(default=100, metadata={"range": "(0, inf)"})
+    log_every: int = ranged(100, "(0, inf)")
     # 0: validate only at the end.
-    eval_every: int = field(default=1000, metadata={"range": "[0, inf)"})
+    eval_every: int = ranged(1000, "[0, inf)")
     eval_on_start: bool = False  # validate at step 0 too (fine-tuning: the imported model's BLEU)
     # Dev sentences decoded greedily for BLEU/chrF, per direction (two dev sets of one direction
     # share them evenly, what a short one cannot use going to the other); 0: all.
-    eval_bleu_sentences: int = field(default=500, metadata={"range": "[0, inf)"})
+    eval_bleu_sentences: int = ranged(500, "[0, inf)")
     early_stop_metric: Literal["bleu", "chrf", "loss"] = "bleu"
     # Validations without improvement before stopping; 0 disables.
-    patience: int = field(default=0, metadata={"range": "[0, inf)"})
-    save_every: int = field(default=1000, metadata={"range": "[0, inf)"})
-    keep_last: int = field(default=5, metadata={"range": "[0, inf)"})  # step_N.pt files kept
+    patience: int = ranged(0, "[0, inf)")
+    save_every: int = ranged(1000, "[0, inf)")
+    keep_last: int = ranged(5, "[0, inf)")  # step_N.pt files kept
     # metrics.jsonl's scalars also as TensorBoard event files in RUN/tensorboard (when the
     # tensorboard package is installed: `make install` installs it).
     tensorboard: bool = True
@@ -114,21 +112,21 @@ class TrainConfig:
 
 @dataclass
 class DecodeConfig:
-    beam_size: int = field(default=4, metadata={"range": "(0, inf)"})  # paper, section 6.1
+    beam_size: int = ranged(4, "(0, inf)")  # paper, section 6.1
     # GNMT's alpha in ((5 + len) / 6) ** alpha.
-    length_penalty: float = field(default=0.6, metadata={"range": "(-inf, inf)"})
+    length_penalty: float = ranged(0.6, "(-inf, inf)")
     # The output length limit: a * src_len + b (paper: src_len + 50).
-    max_len_a: float = field(default=1.0, metadata={"range": "[0, inf)"})
-    max_len_b: int = field(default=50, metadata={"range": "[0, inf)"})
-    min_len: int = field(default=0, metadata={"range": "[0, inf)"})
-    nbest: int = field(default=1, metadata={"range": "(0, inf)"})
-    no_repeat_ngram_size: int = field(default=0, metadata={"range": "[0, inf)"})
+    max_len_a: float = ranged(1.0, "[0, inf)")
+    max_len_b: int = ranged(50, "[0, inf)")
+    min_len: int = ranged(0, "[0, inf)")
+    nbest: int = ranged(1, "(0, inf)")
+    no_repeat_ngram_size: int = ranged(0, "[0, inf)")
     # Beam search: a sentence stops at its max length, once no live hypothesis can beat its
     # nbest finished ones, or once beam_size x patience of its hypotheses have finished
     # (CTranslate2's `patience`, Kasai et al. 2022; 1 is fairseq's rule). 0: only the first two.
     # On the shared test set (small, beam 5) patience 2 left 992 of 1,000 translations as the
     # exhaustive search made them, in 0.6x the time; patience 1 changed 93 and cost 0.2 BLEU.
-    patience: float = field(default=2.0, metadata={"range": "[0, inf)"})
+    patience: float = ranged(2.0, "[0, inf)")
     # The rules of transformers' `generate` that an imported model brings (`tf import` sets them
     # from its generation config). length_penalty_form: "gnmt" divides a finished hypothesis's
     # log-probability by ((5 + |Y|) / 6) ** length_penalty, "power" by |Y| ** length_penalty
@@ -147,7 +145,7 @@ class DecodeConfig:
     # n-grams, a Marian model's pad): transformers' `renormalize_logits`.
     renormalize: bool = False
     # Source tokens per translation batch, padding counted.
-    max_tokens: int = field(default=4096, metadata={"range": "(0, inf)"})
+    max_tokens: int = ranged(4096, "(0, inf)")
     # auto: bf16 autocast where the device computes it natively (GPUs from Ampere on, else
     # fp16; CPUs with AVX512-BF16 or AMX), fp32 elsewhere; a loaded model on a CPU without AMX
     # decodes in fp32 on packed weights, there the faster (`cli.device.engine_precision`). On
@@ -158,15 +156,13 @@ class DecodeConfig:
     # 10): 0 off, k draws from the k most probable tokens, -1 from all. beam_size samples are
     # drawn per sentence and the nbest best-scoring returned (fairseq's rule): beam_size 1 for
     # one plain sample. Reproducible: a sample depends on `seed` and its sentence only.
-    sampling_topk: int = field(
-        default=0, metadata={"range": "[-1, inf)", "says": "-1 (all), 0 (off) or above"}
-    )
+    sampling_topk: int = ranged(0, "[-1, inf)", says="-1 (all), 0 (off) or above")
     # Then the most probable tokens whose mass reaches p (nucleus).
-    sampling_topp: float = field(default=1.0, metadata={"range": "(0, 1]"})
+    sampling_topp: float = ranged(1.0, "(0, 1]")
     # Log-probabilities are divided by it before drawing.
-    sampling_temperature: float = field(default=1.0, metadata={"range": "(0, 100]"})
+    sampling_temperature: float = ranged(1.0, "(0, 100]")
     # 32 bits, for every engine: CTranslate2's set_random_seed takes an unsigned 32-bit int.
-    seed: int = field(default=0, metadata={"range": "[0, 4294967295]"})
+    seed: int = ranged(0, "[0, 4294967295]")
 
     @property
     def sampling(self) -> bool:
@@ -345,74 +341,20 @@ def check_type(value: Any, hint: Any, dotted: str, source: str) -> Any:
     raise ConfigError(f"{source}: {dotted} must be {name}, got {value!r}")
 
 
-@dataclasses.dataclass(frozen=True)
-class Interval:
-    """The range of a numeric setting, as its field declares it (`metadata["range"]`): "(0, inf)",
-    "[0, 1)", "[8, inf)", "[0, 4294967295]". A field of a list of numbers declares its items'."""
-
-    low: float
-    high: float
-    low_open: bool
-    high_open: bool
-    text: str
-
-    @staticmethod
-    @functools.cache
-    def parse(text: str) -> Interval:
-        m = re.fullmatch(r"([\[(])\s*(\S+?)\s*,\s*(\S+?)\s*([\])])", text)
-        if not m:
-            raise ValueError(f"{text!r} is no interval such as '[0, 1)'")
-        low, high = (int(b) if re.fullmatch(r"-?\d+", b) else float(b) for b in m.group(2, 3))
-        return Interval(low, high, m.group(1) == "(", m.group(4) == ")", text)
-
-    def __contains__(self, x: float) -> bool:
-        above = self.low < x if self.low_open else self.low <= x
-        below = x < self.high if self.high_open else x <= self.high
-        return above and below
-
-    def words(self) -> str:
-        """How a message says it: "positive", "0 or more", "in 0..4294967295", "in [0, 1)"."""
-        if self.high == math.inf:
-            if self.low == -math.inf:
-                return "a finite number"
-            if self.low_open:
-                return "positive" if self.low == 0 else f"above {self.low}"
-            return f"{self.low} or more"
-        if self.text.startswith("[") and self.text.endswith("]") and isinstance(self.high, int):
-            return f"in {self.low}..{self.high}"  # whole numbers (the seeds')
-        return f"in {self.text}"
-
-
 def check_number(value: Any, f: dataclasses.Field, dotted: str, source: str) -> None:
     """`value` of field `f` (a number, or a list of numbers) finite and in `f`'s declared range
-    (`Interval`), else a ConfigError naming `dotted`; any other value passes. inf and NaN are
-    refused first: NaN passes no comparison, inf every one-sided one."""
-    numbers = value if isinstance(value, list) else [value]
-    numbers = [x for x in numbers if isinstance(x, int | float) and not isinstance(x, bool)]
-    if not numbers:
-        return
-    says = f.metadata.get("says")  # the field's own words for its range, where it has some
-    if not all(math.isfinite(x) for x in numbers):
-        raise ConfigError(f"{source}: {dotted} must be {says or 'a finite number'}, got {value!r}")
-    if "range" not in f.metadata:  # a schema without one would let inf and -1 pass silently
-        raise TypeError(f"{dotted}: its field declares no range (metadata['range'])")
-    interval = Interval.parse(f.metadata["range"])
-    if not all(x in interval for x in numbers):
-        raise ConfigError(f"{source}: {dotted} must be {says or interval.words()}, got {value!r}")
+    (`data.ranges.out_of_range`), else a ConfigError naming `dotted`; any other value passes."""
+    problem = out_of_range(value, f)
+    if problem:
+        raise ConfigError(f"{source}: {dotted} {problem}, got {value!r}")
 
 
-def check_numbers(node: Any, source: str, prefix: str = "") -> None:
+def check_numbers(node: Any, source: str) -> None:
     """Every number of the dataclass tree `node` (a config built in code: an import's, a merged
     one) finite and in its field's range, as `from_dict` checks those a file gives."""
-    for f in dataclasses.fields(node):
-        value, dotted = getattr(node, f.name), f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(value):
-            check_numbers(value, source, f"{dotted}.")
-        elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
-            for i, item in enumerate(value):
-                check_numbers(item, source, f"{dotted}[{i}].")
-        else:
-            check_number(value, f, dotted, source)
+    problem = first_out_of_range(node)
+    if problem:
+        raise ConfigError(f"{source}: {problem}")
 
 
 def check_config(config: Config, source: str) -> Config:
@@ -493,19 +435,14 @@ def check_lora_settings(config: Config, fail: Callable[[str], None]) -> None:
 
 
 def check_new_language_settings(config: Config, fail: Callable[[str], None]) -> None:
-    """data.new_languages grows a pretrained model; LoRA trains their rows alone where the
-    optimizer's weight decay leaves the other rows of the same matrices as they are."""
+    """data.new_languages grows a pretrained model, whose new rows LoRA may train (whether
+    weight decay would move the others of a matrix that trains its new rows alone depends on
+    the model's tying: `cli.training.lora.check_weight_decay`)."""
     t = config.train
     if config.data.new_languages and not t.init:
         fail("data.new_languages adds languages to a pretrained model: it needs --init RUN")
-    if NEW_ROWS in t.trainable:
-        if not config.data.new_languages:
-            fail("train.trainable embeddings_of_new_languages: data.new_languages names none")
-        if t.weight_decay:
-            fail(
-                "train.trainable embeddings_of_new_languages: train.weight_decay would move "
-                "the frozen rows of the same matrices; set it to 0"
-            )
+    if NEW_ROWS in t.trainable and not config.data.new_languages:
+        fail("train.trainable embeddings_of_new_languages: data.new_languages names none")
 
 
 def check_shard_settings(config: Config, fail: Callable[[str], None]) -> None:
@@ -528,6 +465,29 @@ def check_sampling(dec: DecodeConfig, fail: Callable[[str], None]) -> None:
             "decode.sampling_topp and sampling_temperature shape random sampling, which is off "
             "(decode.sampling_topk 0): set sampling_topk to k, or -1 for every token"
         )
+
+
+def with_paths(node: Any, place: Callable[[str], str], like: Any = None) -> Any:
+    """`node` (a dataclass of the schema: the config, a section, a corpus entry) with `place`
+    applied to the value of every setting that names files or folders, at any depth: each field
+    marked `metadata={"path": True}` that holds a string (a path, a corpus spec), and those of
+    the entries of a list (`data.train: [{corpus: ...}]`). `like`: a node of the same schema (a
+    run's saved config) whose value of such a setting is kept, as it is written, where `place`
+    makes the same of both."""
+    changed = {}
+    for f in dataclasses.fields(node):
+        value, kept = getattr(node, f.name), getattr(like, f.name, None)
+        if isinstance(value, str) and f.metadata.get("path"):
+            placed = place(value)
+            changed[f.name] = kept if isinstance(kept, str) and place(kept) == placed else placed
+        elif dataclasses.is_dataclass(value):
+            changed[f.name] = with_paths(value, place, kept)
+        elif isinstance(value, list) and any(dataclasses.is_dataclass(v) for v in value):
+            olds = (
+                kept if isinstance(kept, list) and len(kept) == len(value) else [None] * len(value)
+            )
+            changed[f.name] = [with_paths(v, place, old) for v, old in zip(value, olds)]
+    return dataclasses.replace(node, **changed)
 
 
 def save_config(config: Config, path: Path) -> None:

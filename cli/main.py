@@ -58,7 +58,10 @@ Runs = Annotated[
 ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")]
 Int8 = Annotated[
-    bool, typer.Option("--int8", help="PyTorch model's linear layers in dynamic int8 (CPU).")
+    bool,
+    typer.Option(
+        "--int8", help="PyTorch model's linear layers in int8, a scale per activation row (CPU)."
+    ),
 ]
 DecodeSet = Annotated[
     Optional[list[str]],  # noqa: UP045
@@ -99,25 +102,26 @@ From = Annotated[
 def user_errors(fn):
     """Print expected failures as one line on stderr and exit 2, without a traceback.
 
-    Under torchrun every process refuses alike (`distributed.main_first` stops the others
-    where the main rank refused alone): rank 0 alone says why, and every process exits 0,
-    since torchrun reports any other exit as a failure of its own, with its traceback."""
+    Under torchrun (`tf train`), a run's start ends alike on every rank
+    (`distributed.agreed_start`): where any rank refused, rank 0 alone says why and every
+    process exits 0, since torchrun reports any other exit with a traceback of its own
+    (ChildFailedError). Once training runs, a rank that fails says so, tagged with its rank,
+    and exits 2: torchrun then stops the others, which would wait for it."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from cli.config import ConfigError
-        from cli.training.checkpoint import CheckpointError
-        from cli.training.distributed import StoppedWithMain, launched_by_torchrun
-        from cli.training.run import TrainingError
-        from data.errors import InputError
+        from cli.training.distributed import StartFailed, launched_by_torchrun, refusals
 
         try:
             return fn(*args, **kwargs)
-        except (InputError, ConfigError, CheckpointError, TrainingError, StoppedWithMain) as e:
-            torchrun = launched_by_torchrun()
-            if not isinstance(e, StoppedWithMain) and (not torchrun or rank() == 0):
+        except StartFailed as e:
+            if rank() == 0:
                 typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(0 if torchrun else 2) from None
+            raise typer.Exit(0 if e.refused and launched_by_torchrun() else 2) from None
+        except refusals() as e:
+            tag = f"[rank {rank()}] " if launched_by_torchrun() and rank() else ""
+            typer.echo(f"{tag}error: {e}", err=True)
+            raise typer.Exit(2) from None
         except BrokenPipeError:  # `tf translate ... | head`
             sys.stderr.close()
             raise typer.Exit(0) from None
@@ -177,19 +181,11 @@ def train(
     ] = None,
 ) -> None:
     """Train a model (training the tokenizer first if the run has none)."""
-    from cli.commands.train import run_train
-    from cli.config import load_config
-    from cli.training.checkpoint import with_init
-    from cli.training.run import RunDir, TrainingError, anchored, resume_config
+    from cli.commands.train import run_train, train_config
 
-    if resume is not None:
-        cfg = resume_config(RunDir(resume), config, set_ or [], allow_config_change)
-        run_train(cfg, resume, resume=True)
-        return
-    if config is None:
-        raise TrainingError("tf train needs a CONFIG (e.g. configs/small.yaml) or --resume RUN")
-    cfg = anchored(load_config(config, (set_ or []) + ([f"train.init={init}"] if init else [])))
-    run_train(with_init(cfg), out or Path("runs") / Path(config).stem, resume=False, force=force)
+    cfg = train_config(config, set_ or [], resume, allow_config_change, init)
+    run = resume or out or Path("runs") / Path(config).stem
+    run_train(cfg, run, resume=resume is not None, force=force)
 
 
 @app.command()

@@ -1,8 +1,10 @@
 """What a training run reads: its corpora, their cleaning and its tokenizer, as one typed section
 (`data` in a config file), as `ModelConfig` in `model/` describes the network. The loader in
 `cli/config.py` builds and type-checks it, each number against the range its field declares
-(`metadata["range"]`, an interval such as "(0, inf)"); `check_data` holds the rules between
-its values.
+(`ranged(1.0, "(0, inf)")`: `data.ranges`); `check_data` holds the rules between its values.
+A setting that names files or folders (a corpus spec, a tokenizer folder) says so in its
+field, `metadata={"path": True}`: a run records each such place absolute, and an export by its
+name alone, wherever it sits in the schema (`cli.config.with_paths`).
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from data.errors import InputError
+from data.ranges import ranged
 
 
 @dataclass
 class SetConfig:
     """A parallel corpus read in one direction: a dev or test set of a list (`data.dev`)."""
 
-    corpus: str  # any spec: PREFIX, .tsv, .jsonl, hf:NAME[:CFG][@SPLIT], bundled:NAME/SPLIT
+    # Any spec: PREFIX, .tsv, .jsonl, hf:NAME[:CFG][@SPLIT], bundled:NAME/SPLIT.
+    corpus: str = field(metadata={"path": True})
     # Its languages as its files name them (suffixes, TSV header, JSON keys); "": data.*'s.
     src_lang: str = ""
     tgt_lang: str = ""
@@ -35,7 +39,7 @@ class CorpusConfig(SetConfig):
     """One training corpus of a mix (`data.train` as a list)."""
 
     # Its pairs are seen `weight` times per epoch (a fraction: a subset).
-    weight: float = field(default=1.0, metadata={"range": "(0, inf)", "says": "a positive number"})
+    weight: float = ranged(1.0, "(0, inf)", says="a positive number")
 
 
 @dataclass
@@ -54,19 +58,21 @@ class NewLanguage:
 class DataConfig:
     # A corpus spec (PREFIX, .tsv, .jsonl, hf:NAME[:CFG][@SPLIT], bundled:NAME/SPLIT), or a list
     # of corpora with weights and tags: [{corpus: SPEC, weight: 4, tag: "<bt>"}, ...].
-    train: str | list[CorpusConfig] = "bundled:bible-es-en/train"
+    train: str | list[CorpusConfig] = field(
+        default="bundled:bible-es-en/train", metadata={"path": True}
+    )
     # Temperature sampling between corpora (Arivazhagan et al., 2019): corpus i makes a share of
     # each epoch proportional to (weight_i x pairs_i) ** (1 / T), the epoch keeping its size
     # (the sum of weight x pairs). 1: the weights as given; above 1 small corpora gain (5 is
     # the paper's choice for many languages); RUN/data.json gives each corpus's share.
-    temperature: float = field(default=1.0, metadata={"range": "(0, inf)"})
+    temperature: float = ranged(1.0, "(0, inf)")
     # A corpus spec read as src_lang -> tgt_lang, or a list of sets with their directions,
     # [{corpus: SPEC}, {corpus: SPEC, reverse: true}]: each direction is validated on its own.
     # A set of a direction the model translates but no corpus trains (fine-tuning a
     # multilingual model on one direction) is watched: see `watched_directions`.
-    dev: str | list[SetConfig] = "bundled:bible-es-en/dev"
+    dev: str | list[SetConfig] = field(default="bundled:bible-es-en/dev", metadata={"path": True})
     # The test sets: cleaning keeps their pairs out of training, either way round. "": none.
-    test: str | list[SetConfig] = "bundled:bible-es-en/test"
+    test: str | list[SetConfig] = field(default="bundled:bible-es-en/test", metadata={"path": True})
     # The languages of a corpus that names none (its own `src_lang`/`tgt_lang` win). What a run
     # translates comes from its corpora (`translates`), not from these.
     src_lang: str = "es"
@@ -91,25 +97,25 @@ class DataConfig:
     lang_token_side: Literal["source", "target"] = "source"
     # The SentencePiece model a run trains (unless `tokenizer` names one to use): its size at
     # least the four special pieces and a few more.
-    vocab_size: int = field(default=8000, metadata={"range": "[8, inf)"})
+    vocab_size: int = ranged(8000, "[8, inf)")
     tokenizer_type: Literal["bpe", "unigram"] = "bpe"
     joint_vocab: bool = True  # one SentencePiece model for both sides (needed for full tying)
-    character_coverage: float = field(default=1.0, metadata={"range": "(0, 1]"})
+    character_coverage: float = ranged(1.0, "(0, 1]")
     # Pairs with a side longer than this many pieces are dropped.
-    max_len: int = field(default=256, metadata={"range": "(0, inf)"})
+    max_len: int = ranged(256, "(0, inf)")
     # Pairs whose longer side is over this times the other's are dropped.
-    max_len_ratio: float = field(default=3.0, metadata={"range": "[1, inf)"})
+    max_len_ratio: float = ranged(3.0, "[1, inf)")
     # Training batches pad both sides to one width, a multiple of this, and hold a multiple of 8
     # sentences, so that a run sees few shapes (a kernel and its memory are kept per shape on
     # CPUs; see data/batching.py). 1: each side to its longest sentence, any count (no rounding).
-    pad_multiple: int = field(default=2, metadata={"range": "[1, inf)"})
+    pad_multiple: int = ranged(2, "[1, inf)")
     # Drop duplicate pairs, untranslated copies, pairs of the dev or test set, and junk (no
     # letters, mostly digits, punctuation or URLs): see data/clean.py. Counts go to RUN/data.json.
     clean: bool = True
     # A tokenizer folder to use instead of training one: a run's RUN/tokenizer (a distilled
     # student uses its teacher's) or an imported model's (`tf import`: Marian's SentencePiece
     # models and vocabulary). The vocabulary settings above then do not apply.
-    tokenizer: str = ""
+    tokenizer: str = field(default="", metadata={"path": True})
     # Languages a fine-tuned model lacks, added to it (`tf train --init`): each one's token
     # joins the run's copy of the tokenizer and a row the embeddings, started from a named
     # language's row or the mean: [{lang: xyz_Latn, init: fra_Latn}]. Every id there was keeps

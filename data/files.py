@@ -175,3 +175,31 @@ def read_json_object(path: Path, default: dict | None = None) -> dict:
     if not isinstance(value, dict):
         raise InputError(f"{path}: not a JSON object")
     return value
+
+
+def shown_path(path: str) -> str:
+    """What a published file (an export's config and model card, /health) calls a path: its
+    name alone, never where it lies on the machine that wrote it; a run's checkpoint
+    (RUN/checkpoints/best.pt) as RUN/best.pt, which says which run it was. "" stays "".
+    """
+    if not path:
+        return path
+    where = Path(os.path.abspath(path))
+    if where.parent.name == "checkpoints":
+        return f"{where.parent.parent.name}/{where.name}"
+    return where.name
+
+
+def shown_spec(spec: str) -> str:
+    """A setting that names files (a corpus spec, a tokenizer folder, a checkpoint) as
+    `shown_path` shows a path: a local one (PREFIX, FILE.tsv, a folder, `hf:` of a local
+    folder, which `data.corpus.anchored_spec` records absolute) by its name alone, with its
+    `hf:` config and split; hub names and `bundled:` corpora as they are."""
+    if not spec or spec.startswith("bundled:"):
+        return spec
+    if spec.startswith("hf:"):
+        name = spec.removeprefix("hf:").partition("@")[0].partition(":")[0]
+        if not os.path.isabs(name):  # a hub name
+            return spec
+        return "hf:" + shown_path(name) + spec.removeprefix(f"hf:{name}")
+    return shown_path(spec)

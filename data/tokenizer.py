@@ -39,9 +39,6 @@ TOKENIZER_SETTINGS = "settings.json"  # beside the model(s): what they were trai
 SRC_MODEL = "src.model"
 TGT_MODEL = "tgt.model"
 MODEL_TYPES = ("bpe", "unigram")
-# What a SentencePiece model's trainer_spec keeps of where it was trained, not what it is: the
-# paths (model_prefix: the run's folder) and the machine's cores. `Tokenizer.content` drops it.
-PROVENANCE = ("model_prefix", "input", "seed_sentencepieces_file", "num_threads")
 
 
 def train_tokenizer(
@@ -239,20 +236,6 @@ class Tokenizer(BaseTokenizer):
             f"{directory}: no tokenizer here "
             f"(expected {JOINT_MODEL}, or {SRC_MODEL} and {TGT_MODEL})"
         )
-
-    def content(self, path: Path) -> bytes:
-        """A SentencePiece model as `digest` hashes it: its protobuf less what says where and
-        on how many threads it was trained (`PROVENANCE`), so two models of the same pieces,
-        scores and settings trained into two run directories have one digest (and ensemble)."""
-        from sentencepiece import sentencepiece_model_pb2 as pb
-
-        proto = pb.ModelProto()
-        proto.ParseFromString(path.read_bytes())
-        spec = proto.trainer_spec
-        for name in PROVENANCE:
-            if name in spec.DESCRIPTOR.fields_by_name:  # (an older protobuf may lack one)
-                spec.ClearField(name)
-        return proto.SerializeToString(deterministic=True)
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         """Source sentences to piece ids; no BOS/EOS added. The tags a line starts with

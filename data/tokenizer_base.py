@@ -22,6 +22,10 @@ from data.errors import InputError
 from data.files import read_json_object
 
 THREADS = os.cpu_count() or 1  # SentencePiece encodes a list of sentences in parallel
+# What a SentencePiece model's trainer_spec keeps of where it was trained, not what it is: the
+# paths (model_prefix: the folder it was trained into, a run's) and the machine's cores.
+PROVENANCE = ("model_prefix", "input", "seed_sentencepieces_file", "num_threads")
+SENTENCEPIECE_SUFFIXES = (".model", ".spm")  # tf's, fairseq's sentencepiece.bpe.model, Marian's
 SPACE = "\u2581"  # SentencePiece's escaped space, the "▁" piece
 
 
@@ -161,8 +165,13 @@ class BaseTokenizer(ABC):
         return _sha256((path.name, self.content(path)) for path in self._paths)
 
     def content(self, path: Path) -> bytes:
-        """What the file `path` (one of `model_paths`) holds, as `digest` hashes it: its bytes
-        (tf's own SentencePiece models: less where they were trained, `Tokenizer.content`)."""
+        """What the file `path` (one of `model_paths`) holds, as `digest` hashes it and an
+        export publishes it: a SentencePiece model less where and on how many threads it was
+        trained (`without_provenance`), so that two models of the same pieces, scores and
+        settings trained into two folders have one digest (and ensemble), and an export
+        names no folder of the machine that trained it; any other file, its bytes."""
+        if path.suffix in SENTENCEPIECE_SUFFIXES:
+            return without_provenance(path.read_bytes())
         return path.read_bytes()
 
     def digests(self) -> tuple[str, ...]:
@@ -171,6 +180,20 @@ class BaseTokenizer(ABC):
         left out where SentencePiece trained a model (their checkpoints load as they did)."""
         files = _sha256((path.name, path.read_bytes()) for path in self._paths)
         return tuple(dict.fromkeys((self.digest(), files)))
+
+
+def without_provenance(model: bytes) -> bytes:
+    """A SentencePiece model's protobuf less its `PROVENANCE` fields: the same pieces, scores
+    and settings, encoding and decoding alike."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    proto.ParseFromString(model)
+    spec = proto.trainer_spec
+    for name in PROVENANCE:
+        if name in spec.DESCRIPTOR.fields_by_name:  # (an older protobuf may lack one)
+            spec.ClearField(name)
+    return proto.SerializeToString(deterministic=True)
 
 
 def _sha256(files: Iterable[tuple[str, bytes]]) -> str:

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from data.ranges import first_out_of_range, ranged
 from model.attention import MultiheadAttention
 from model.dropout import Dropout
 from model.packed import PackedLinear
@@ -57,15 +58,15 @@ TRAINABLE_GROUPS = ("norms", "output_bias", "embeddings", "positions", NEW_ROWS)
 
 @dataclass
 class LoraConfig:
-    """`train.lora`: each number's range is its field's `metadata["range"]`, an interval that
-    the config's loader checks (`cli/config.py`)."""
+    """`train.lora`: each number declares its range (`ranged`: `data.ranges`), which the
+    config's loader checks (`cli/config.py`) and `check_lora` too."""
 
     # 0: LoRA off (the default: a full fine-tuning, as before).
-    rank: int = field(default=0, metadata={"range": "[0, inf)"})
+    rank: int = ranged(0, "[0, inf)")
     # The update is (alpha / rank) B A, as Hu et al. 2021 and peft.
-    alpha: float = field(default=16.0, metadata={"range": "(0, inf)"})
+    alpha: float = ranged(16.0, "(0, inf)")
     # On the adapter's input only, as peft's lora_dropout.
-    dropout: float = field(default=0.0, metadata={"range": "[0, 1)"})
+    dropout: float = ranged(0.0, "[0, 1)")
     targets: list[str] = field(default_factory=lambda: ["q", "k", "v", "o"])
 
 
@@ -103,21 +104,17 @@ def check_lora(lora: LoraConfig, model: ModelConfig) -> None:
 
 
 def _check_settings(lora: LoraConfig) -> None:
-    """`check_lora`'s checks that need no model: all but the widths."""
-    if lora.rank < 0:
-        raise ValueError(f"rank {lora.rank} is negative (0 turns LoRA off)")
+    """`check_lora`'s checks that need no model: all but the widths. Each number in the range
+    its field declares (`data.ranges`: a config file's were checked so already)."""
+    problem = first_out_of_range(lora)
+    if problem:
+        raise ValueError(problem)
     for name in lora.targets:
         if name not in LORA_TARGETS:
             raise ValueError(
                 f"unknown target {name!r}{_nearest(name, LORA_TARGETS)}; "
                 f"the targets are {', '.join(LORA_TARGETS)}"
             )
-    if not lora.alpha > 0:
-        raise ValueError(f"alpha {lora.alpha} must be above 0 (the update is alpha / rank B A)")
-    if not math.isfinite(lora.alpha):  # an infinite scale: every output inf or NaN
-        raise ValueError(f"alpha {lora.alpha} must be a finite number")
-    if not 0 <= lora.dropout < 1:
-        raise ValueError(f"dropout {lora.dropout} must be in [0, 1)")
     if lora.rank > 0 and not lora.targets:
         raise ValueError(f"no target: name one or more of {', '.join(LORA_TARGETS)}")
 

@@ -10,13 +10,14 @@ dict of `Transformer.encoder` / `.decoder` loads as it is into `nn.TransformerEn
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from data.ranges import ranged
 from model.attention import (
     CrossAttention,
     KVCache,
@@ -40,33 +41,33 @@ ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 
 @dataclass
 class ModelConfig:
-    """The network's settings (`model` in a config file). Each number's range is its field's
-    `metadata["range"]`, an interval ("(0, inf)", "[0, 1)") that the config's loader checks
-    (`cli/config.py`), as it checks every section's."""
+    """The network's settings (`model` in a config file). Each number declares its range
+    (`ranged`: `data.ranges`), which the config's loader checks (`cli/config.py`), as it
+    checks every section's."""
 
-    d_model: int = field(default=512, metadata={"range": "(0, inf)"})
-    n_heads: int = field(default=8, metadata={"range": "(0, inf)"})
-    d_ff: int = field(default=2048, metadata={"range": "(0, inf)"})
-    n_encoder_layers: int = field(default=6, metadata={"range": "(0, inf)"})
-    n_decoder_layers: int = field(default=6, metadata={"range": "(0, inf)"})
+    d_model: int = ranged(512, "(0, inf)")
+    n_heads: int = ranged(8, "(0, inf)")
+    d_ff: int = ranged(2048, "(0, inf)")
+    n_encoder_layers: int = ranged(6, "(0, inf)")
+    n_decoder_layers: int = ranged(6, "(0, inf)")
     # Residual, embeddings (paper's P_drop).
-    dropout: float = field(default=0.1, metadata={"range": "[0, 1)"})
+    dropout: float = ranged(0.1, "[0, 1)")
     # On attention probabilities (torch applies `dropout` there too).
-    attention_dropout: float = field(default=0.1, metadata={"range": "[0, 1)"})
+    attention_dropout: float = ranged(0.1, "[0, 1)")
     # After the FFN activation (as torch).
-    activation_dropout: float = field(default=0.1, metadata={"range": "[0, 1)"})
+    activation_dropout: float = ranged(0.1, "[0, 1)")
     norm_first: bool = False  # Pre-LN option; Post-LN default
     tie_embeddings: Literal["none", "decoder", "all"] = "all"  # decoder: tgt embedding = generator
     # The width of a head; 0: d_model / n_heads (a pruned model keeps its heads' width).
-    d_head: int = field(default=0, metadata={"range": "[0, inf)"})
-    max_positions: int = field(default=1024, metadata={"range": "(0, inf)"})
+    d_head: int = ranged(0, "[0, inf)")
+    max_positions: int = ranged(1024, "(0, inf)")
     # The switches a pretrained model may need (`tf import`); each default is the paper's model.
     activation: Literal["relu", "swish", "gelu"] = "relu"  # the FFN's (section 3.3: ReLU)
     output_bias: bool = False  # a bias on the logits (Marian's, mBART's `final_logits_bias`)
     # The token fed first: Marian's is pad; M2M100's, NLLB's and mBART-50's is EOS.
     decoder_start: Literal["bos", "pad", "eos"] = "bos"
     # Every LayerNorm's epsilon.
-    norm_eps: float = field(default=1e-5, metadata={"range": "(0, inf)"})
+    norm_eps: float = ranged(1e-5, "(0, inf)")
     # Positions. Sinusoids: "interleaved" sin, cos, sin, cos ... (the paper's PE(pos, 2i) and
     # PE(pos, 2i+1)); "halves": all sines, then all cosines (Marian). The same frequencies: only
     # the order of the model dimension differs. "fairseq": halves at fairseq's frequencies,
@@ -77,13 +78,13 @@ class ModelConfig:
     # The table row of the first position: fairseq numbers positions from padding_idx + 1, 2 in
     # M2M100, NLLB and mBART (where it moves the sinusoids' angles, and leaves a learned
     # table's first 2 rows unused).
-    position_offset: int = field(default=0, metadata={"range": "[0, inf)"})
+    position_offset: int = ranged(0, "[0, inf)")
     scale_embedding: bool = True  # token embeddings x sqrt(D) (section 3.4), or x 1
     layernorm_embedding: bool = False  # a LayerNorm after embeddings + positions (mBART's)
     # LayerDrop (Fan et al., 2019): in training, each layer of a stack skipped with this
     # probability (transformers' `encoder_layerdrop` / `decoder_layerdrop`; M2M100: 0.05).
-    encoder_layerdrop: float = field(default=0.0, metadata={"range": "[0, 1)"})
-    decoder_layerdrop: float = field(default=0.0, metadata={"range": "[0, 1)"})
+    encoder_layerdrop: float = ranged(0.0, "[0, 1)")
+    decoder_layerdrop: float = ranged(0.0, "[0, 1)")
 
 
 def count_parameters(config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> int:

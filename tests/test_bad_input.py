@@ -389,3 +389,12 @@ def test_eval_of_a_hypothesis_file_refuses_what_only_a_model_uses(trained, tmp_p
     ref.write_text("the light\n")
     extra = [{"RUN": trained, "SRC": ref}.get(a, a) for a in extra]
     assert_user_error(tf("eval", "--hyp", ref, "--ref", ref, *extra), "--hyp", named)
+
+
+def test_a_count_of_one_is_said_in_the_singular(tmp_path):
+    """ "1 lines" nowhere: eval's unequal files say "1 line" (`data.errors.counted`)."""
+    from cli.inference.scoring import check_parallel
+    from data.errors import InputError
+
+    with pytest.raises(InputError, match=r"^s has 1 line but r has 2$"):
+        check_parallel(Path("s"), ["a"], Path("r"), ["a", "b"])

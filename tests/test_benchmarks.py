@@ -197,6 +197,27 @@ def test_a_search_the_host_disturbed_runs_again(monkeypatch, steals, calls, kept
     assert stolen == pytest.approx(steals[kept - 1] / (2 * seconds))
 
 
+def test_the_int8_report_names_each_layer_shape_without_an_exact_kernel(monkeypatch):
+    """tf_int8's line says which layers multiply through `torch._int_mm` and which in float32,
+    every layer's shape asked as `--int8` asks it: a CPU exact for (d_model, d_ff) alone was
+    reported as running every layer through the int8 kernel."""
+    import model.int8
+    from model.transformer import Transformer
+
+    vocab = 40  # an output layer of a shape of its own
+    tiny = Transformer(load_config("tiny").model, vocab, vocab, pad_id=0).eval()
+    c = tiny.config
+    exact = {(c.d_model, c.d_ff)}  # linear1 of each layer, no other shape
+    monkeypatch.setattr(model.int8, "int_mm_is_exact", lambda k, n: (k, n) in exact)
+    said = engines_bench.products(tiny)
+    layers = c.n_encoder_layers + c.n_decoder_layers  # one linear1 each
+    assert said.startswith(f"torch._int_mm in {layers} of ")
+    for k, n in [(c.d_ff, c.d_model), (c.d_model, c.d_model), (c.d_model, vocab)]:
+        assert f"{k}x{n}" in said  # linear2, the attentions' projections, the output layer
+    monkeypatch.setattr(model.int8, "int_mm_is_exact", lambda k, n: True)
+    assert engines_bench.products(tiny).startswith("torch._int_mm in all ")
+
+
 def test_stolen_seconds_reads_the_steal_column(tmp_path):
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 0 50 900 3 0 2 250 0 0\ncpu0 50 0 25 450 1 0 1 125 0 0\n")

@@ -9,7 +9,6 @@ import pytest
 from cli.config import (
     Config,
     ConfigError,
-    Interval,
     TrainConfig,
     check_config,
     config_diff,
@@ -17,6 +16,7 @@ from cli.config import (
     save_config,
 )
 from data.config import CorpusConfig, DataConfig
+from data.ranges import Interval
 from model.lora import LoraConfig
 from model.transformer import ModelConfig
 

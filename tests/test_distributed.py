@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -123,7 +124,14 @@ def test_two_ranks_on_half_batches_equal_one_process_on_the_whole(tmp_path, tiny
     assert moved > 0  # the update did something
 
 
-def torchrun(*args: str) -> subprocess.CompletedProcess:
+def torchrun(
+    *args: str,
+    program: tuple[str, ...] = ("-m", "cli.main"),
+    timeout: float = 300,
+    monitor_interval: float = 0.1,
+) -> subprocess.CompletedProcess:
+    """`tf train ARGS` in 2 processes under torchrun (`program`: another script that runs it;
+    `monitor_interval`: how often torchrun looks whether a process has ended, its default)."""
     command = [
         sys.executable,
         "-m",
@@ -132,14 +140,16 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
         "--nnodes=1",
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint=127.0.0.1:{free_port()}",
-        "-m",
-        "cli.main",
+        f"--monitor-interval={monitor_interval}",
+        *program,
         "train",
         *args,
     ]
     # A rank killed by a signal prints every thread's Python stack: the failure message says where.
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def test_torchrun_two_processes_write_one_run_and_resume(tmp_path, tiny_prefix):
@@ -286,3 +296,94 @@ def test_resume_messages_count_one_process_and_one_batch():
     with pytest.raises(TrainingError) as e:
         Trainer.check_world_size(trainer, ckpt, Path("last.pt"))
     assert "in 1 process resume with --set train.update_freq=2 " in str(e.value)
+
+
+# `tf train` with one failure planted on one rank (RANK): the code after the patch names where.
+FAILING = """
+import os
+import sys
+
+import torch
+
+import cli.training.trainer as trainer
+from cli.main import main
+from cli.training.checkpoint import CheckpointError
+
+mine = os.environ["RANK"] == "{rank}"
+build_model, accumulate = trainer.build_model, trainer.Trainer.accumulate_gradients
+
+
+def build_model_or_refuse(config, tokenizer):  # the start: after the data, before DDP
+    if mine:
+        raise CheckpointError("a refusal of this rank alone")
+    return build_model(config, tokenizer)
+
+
+def out_of_memory_at_step_2(self, batches):  # training: this rank's update 2
+    if mine and self.progress.step == 1:
+        raise torch.OutOfMemoryError("CUDA out of memory (planted)")
+    return accumulate(self, batches)
+
+
+{patch}
+sys.exit(main())
+"""
+
+
+def failing_on(tmp_path: Path, rank: int, patch: str) -> tuple[str, ...]:
+    """The `program` of `torchrun` that fails on `rank` as `patch` plants it."""
+    script = tmp_path / f"failing_on_{rank}.py"
+    script.write_text(FAILING.format(rank=rank, patch=patch))
+    return (str(script),)
+
+
+def test_a_refusal_of_one_rank_alone_at_start_is_said_once_and_stops_every_rank(
+    tmp_path, tiny_prefix
+):
+    """Rank 1 alone refuses while building its trainer (rank 0 has read the corpora and
+    built its own): rank 0, at the next step of the start, stops with it, says rank 1's
+    refusal in one line, and removes the run it started; every process exits 0 (rank 1 used
+    to stop alone and silently, rank 0 then failing in DDP's first broadcast)."""
+    run = tmp_path / "run"
+    patch = "trainer.build_model = build_model_or_refuse"
+    sets = [f"--set=data.train={tiny_prefix}", f"--set=data.dev={tiny_prefix}-dev"]
+    refused = torchrun(
+        "tiny", "--out", str(run), *sets, program=failing_on(tmp_path, 1, patch), timeout=180
+    )
+    lines = [line for line in refused.stderr.splitlines() if "error" in line.lower()]
+    assert lines == ["error: a refusal of this rank alone"], refused.stderr
+    assert "Traceback" not in refused.stderr and "ChildFailedError" not in refused.stderr
+    assert refused.returncode == 0
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("rank", [1, 0])
+def test_a_rank_failing_alone_in_training_says_so_and_stops_the_group(tmp_path, tiny_prefix, rank):
+    """Out of memory on one rank at update 2 (under DDP a rank cannot redo its part alone):
+    that rank says so in one line, tagged with its rank, and exits 2, and torchrun stops the
+    group at once (the other rank would wait for it in the next collective until
+    train.dist_timeout, an hour here: the test's limit is minutes). The failing rank used to
+    exit 0, silently where it was not rank 0. torchrun looks at its processes every 3 s here:
+    by then each has ended on its own (the other's Gloo collective fails once the failing
+    rank's connection closes), and the report shows each one's own exit status."""
+    patch = "trainer.Trainer.accumulate_gradients = out_of_memory_at_step_2"
+    sets = [
+        f"--set=data.train={tiny_prefix}",
+        f"--set=data.dev={tiny_prefix}-dev",
+        "--set=train.max_steps=4",
+        "--set=train.eval_every=0",
+        "--set=train.dist_timeout=3600",
+    ]
+    failed = torchrun(
+        "tiny", "--out", str(tmp_path / "run"), *sets,
+        program=failing_on(tmp_path, rank, patch), timeout=180, monitor_interval=3,
+    )  # fmt: skip
+    tag = f"[rank {rank}] " if rank else ""
+    said = f"{tag}error: step 2: out of memory under torchrun; resume with a lower train.max_tokens"
+    assert [line for line in failed.stderr.splitlines() if line.startswith(said)], failed.stderr
+    assert failed.returncode != 0
+    # torchrun's report: each failed process's rank and exit status.
+    exits = re.findall(
+        r"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: (-?\d+)", failed.stderr
+    )
+    assert (str(rank), "2") in exits, failed.stderr[-3000:]

@@ -7,13 +7,12 @@ and through `tf serve` under either schedule."""
 from __future__ import annotations
 
 import random
-import threading
 from pathlib import Path
 
 import pytest
 import torch
 from test_cli import tf
-from test_serve import call, serving
+from test_serve import call_at_once, serving
 
 import model.int8
 from cli.config import load_config
@@ -234,26 +233,15 @@ def test_tf_serve_int8_answers_as_tf_translate_int8(trained, sources, schedule):
     joining = [ThreadWorker(engine, CPU)] if schedule == "steps" else None
     app = build_app(engine, str(trained), "pytorch-int8", Limits(max_wait=0.2), joining=joining)
     requests = [lines[0:1], lines[1:3], lines[3:4], lines[4:7], lines[7:8]]
-    answers: dict[int, tuple] = {}
-    start = threading.Barrier(len(requests))
-
-    def client(i: int) -> None:
-        start.wait()
-        answers[i] = call(f"{url}/translate", {"text": requests[i]})
-
     try:
         with serving(app) as url:
-            clients = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
-            for thread in clients:
-                thread.start()
-            for thread in clients:
-                thread.join(timeout=120)
+            bodies = [{"text": r} for r in requests]
+            answers = call_at_once(f"{url}/translate", bodies, timeout=120)
     finally:
         for worker in joining or []:
             worker.close()
     got = []
-    for i in range(len(requests)):
-        status, body, _ = answers[i]
+    for status, body, _ in answers:
         assert status == 200, body
         got += body["translations"]
     assert got == direct.stdout.splitlines()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from collections import Counter
 
 import pytest
@@ -369,14 +370,15 @@ def test_rank_zero_adds_nothing_and_a_seed_draws_the_same_adapters():
 @pytest.mark.parametrize(
     "settings, message",
     [
-        (dict(rank=-1), "rank -1 is negative"),
+        (dict(rank=-1), "rank must be 0 or more, got -1"),
         (dict(rank=17), "rank 17 is above the width of target 'q': 16"),
         (dict(rank=20, targets=["ffn"]), "rank 20 is above the width of target 'ffn': 16"),
         (dict(rank=4, targets=["qq"]), r"unknown target 'qq' \(did you mean 'q'\?\)"),
         (dict(rank=0, targets=["fnn"]), r"unknown target 'fnn' \(did you mean 'ffn'\?\)"),
         (dict(rank=4, targets=[]), "no target"),
-        (dict(rank=4, alpha=0.0), "alpha 0.0 must be above 0"),
-        (dict(rank=4, dropout=1.0), r"dropout 1.0 must be in \[0, 1\)"),
+        (dict(rank=4, alpha=0.0), "alpha must be positive, got 0.0"),
+        (dict(rank=4, alpha=math.inf), "alpha must be a finite number, got inf"),
+        (dict(rank=4, dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
     ],
 )
 def test_settings_that_make_no_sense_are_one_line_errors(settings, message):

@@ -279,6 +279,41 @@ def test_validation_decodes_the_merged_model_every_command_decodes(
     assert counted and f"{merged.num_parameters() / 1e6:.2f}M parameters" in counted[0]
 
 
+def test_validation_merges_into_one_copy_and_reads_base_pt_once(
+    trained, tiny_prefix, tmp_path, monkeypatch
+):
+    """Two validations build one plain copy and read RUN/base.pt once (each built a second
+    model and read base.pt again); each decodes, bit for bit, what `load_for_inference` merges
+    from the checkpoint written with it (the copy, merged into before, is merged into again)."""
+    from cli.training import lora
+    from cli.training.trainer import Trainer
+
+    calls, validated = [], []
+    for owner, name in ((Trainer, "plain_model"), (lora, "base_weights")):
+        real = getattr(owner, name)
+        monkeypatch.setattr(
+            owner, name, lambda *a, real=real, name=name: calls.append(name) or real(*a)
+        )
+    real_validate = Trainer.validate
+
+    def validate(self, model=None):
+        weights = (model or self.model_of_record).state_dict()
+        validated.append((self.progress.step, {k: v.clone() for k, v in weights.items()}))
+        return real_validate(self, model)
+
+    monkeypatch.setattr(Trainer, "validate", validate)
+    out = tmp_path / "run"
+    sets = ("train.max_steps=2", "train.eval_every=1", "train.save_every=1")
+    result = adapt(trained, out, tiny_prefix, *sets)
+    assert result.exit_code == 0, result.output
+    assert sorted(calls) == ["base_weights", "plain_model"]
+    assert [step for step, _ in validated] == [1, 2]
+    for step, weights in validated:
+        merged = load_for_inference(out / "checkpoints" / f"step_{step}.pt", CPU)[0]
+        for name, value in merged.state_dict().items():
+            assert torch.equal(weights[name], value), (step, name)
+
+
 def test_a_copied_base_is_hashed_once_then_its_copy_is_recorded(adapted, tmp_path, monkeypatch):
     """A copied run (another inode, another change time) hashes its base.pt at its first load
     only: the verified copy is recorded beside it (it was hashed again at every load,

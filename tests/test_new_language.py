@@ -299,21 +299,9 @@ def test_an_opus_mt_import_gets_a_new_target_token(tiny_prefix, tmp_path):
 
     standin = small_standin(tmp_path, tiny_prefix, language_tokens=(">>fra<<", ">>spa<<"))
     assert tf("import", standin, "-o", tmp_path / "run").exit_code == 0
-    for split, source in (("train", tiny_prefix), ("dev", f"{tiny_prefix}-dev")):
-        shutil.copyfile(f"{source}.es", tmp_path / f"{split}.es")
-        shutil.copyfile(f"{source}.en", tmp_path / f"{split}.xyz")
-    rules = [
-        f'data.train=[{{corpus: "{tmp_path}/train", src_lang: es, tgt_lang: xyz}}]',
-        f'data.dev=[{{corpus: "{tmp_path}/dev", src_lang: es, tgt_lang: xyz}}]',
-        "data.new_languages=[{lang: xyz, init: fra}]",
-        "train.max_steps=1",
-        "train.max_tokens=512",
-        "train.lora.rank=2",
-        "train.weight_decay=0",
-    ]
+    rules = one_way_settings(tmp_path, tiny_prefix, "data.new_languages=[{lang: xyz, init: fra}]")
     out = tmp_path / "xyz"
-    tuned = tf("train", "finetune", "--init", tmp_path / "run", "--out", out,
-               *[x for r in rules for x in ("--set", r)])  # fmt: skip
+    tuned = tf("train", "finetune", "--init", tmp_path / "run", "--out", out, *rules)
     assert tuned.exit_code == 0, tuned.output
     before, after = (
         Tokenizer.load(tmp_path / "run" / "tokenizer"),
@@ -340,25 +328,18 @@ def test_trainable_groups_add_up_with_the_new_languages_rows(tiny_prefix, tmp_pa
 
     standin = small_standin(tmp_path, tiny_prefix, language_tokens=(">>fra<<", ">>spa<<"))
     assert tf("import", standin, "-o", tmp_path / "run").exit_code == 0
-    for split, source in (("train", tiny_prefix), ("dev", f"{tiny_prefix}-dev")):
-        shutil.copyfile(f"{source}.es", tmp_path / f"{split}.es")
-        shutil.copyfile(f"{source}.en", tmp_path / f"{split}.xyz")
-    rules = [
-        f'data.train=[{{corpus: "{tmp_path}/train", src_lang: es, tgt_lang: xyz}}]',
-        f'data.dev=[{{corpus: "{tmp_path}/dev", src_lang: es, tgt_lang: xyz}}]',
+    rules = one_way_settings(
+        tmp_path,
+        tiny_prefix,
         "data.new_languages=[{lang: xyz, init: fra}]",
         "train.max_steps=2",
-        "train.max_tokens=512",
-        "train.lora.rank=2",
         "train.lr=0.01",
-        "train.weight_decay=0",
         "train.trainable=[output_bias, embeddings, embeddings_of_new_languages]",
         "train.precision=fp32",
         "train.eval_bleu_sentences=2",
-    ]
+    )
     out = tmp_path / "xyz"
-    tuned = tf("train", "finetune", "--init", tmp_path / "run", "--out", out,
-               *[x for r in rules for x in ("--set", r)])  # fmt: skip
+    tuned = tf("train", "finetune", "--init", tmp_path / "run", "--out", out, *rules)
     assert tuned.exit_code == 0, tuned.output
     saved = load_checkpoint(out / "checkpoints" / "last.pt")
     assert not saved.get("rows")  # nothing trains its new rows alone: kept whole
@@ -421,7 +402,8 @@ def test_mbart50_gets_a_new_language_end_to_end(corpora, tmp_path):
 
 
 def one_way_settings(tmp_path: Path, tiny_prefix: str, *extra: str) -> list:
-    """The fixture's pairs as es -> xyz, a language a one-way es->en model lacks."""
+    """The fixture's pairs as es -> xyz, a language a one-way es->en model lacks, and a LoRA
+    update's settings, as --set options; `extra` settings come last (a later --set wins)."""
     for split, source in (("train", tiny_prefix), ("dev", f"{tiny_prefix}-dev")):
         shutil.copyfile(f"{source}.es", tmp_path / f"{split}.es")
         shutil.copyfile(f"{source}.en", tmp_path / f"{split}.xyz")
@@ -505,4 +487,43 @@ def test_a_one_way_models_new_language_needs_no_token_or_row_it_lacks(
         rules += ["--set", f'data.train=[{{corpus: "{tmp_path}/train", src_lang: pt}}]']
     out = tmp_path / "out"
     assert_user_error(tf("train", "tiny", "--init", trained, "--out", out, *rules), *fragments)
+    assert not out.exists()
+
+
+def test_the_old_targets_token_is_checked_as_the_new_ones_when_the_config_is_read(
+    trained, tiny_prefix, tmp_path, monkeypatch
+):
+    """A one-way model given a second target gains a token for its old target too (`<2en>`),
+    added after the languages the user names were checked: it is checked as theirs are, when
+    the config is read (`with_init`), not only once the data is being prepared. Here `<2en>`
+    is a word piece of the tokenizer (SentencePiece may learn one), which no new token may be."""
+    from cli.config import ConfigError, load_config
+    from cli.training.checkpoint import with_init
+
+    vocabulary = Tokenizer.src_vocabulary
+    monkeypatch.setattr(Tokenizer, "src_vocabulary", lambda self: [*vocabulary(self), "<2en>"])
+    sets = one_way_settings(tmp_path, tiny_prefix, f"train.init={trained}")[1::2]
+    with pytest.raises(ConfigError, match="'<2en>' is a piece of the tokenizer already"):
+        with_init(load_config("tiny", sets))
+
+
+@pytest.mark.parametrize(
+    "trainable, refused",
+    [("[embeddings, embeddings_of_new_languages]", False), ("[embeddings_of_new_languages]", True)],
+)
+def test_weight_decay_is_refused_only_where_a_matrix_trains_its_new_rows_alone(
+    trained, tiny_prefix, tmp_path, trainable, refused
+):
+    """A tied model (the tiny run's `tie_embeddings: all`: one matrix): listed with
+    `embeddings`, the new rows' group adds nothing, the matrix trains whole, and weight decay
+    may move its old rows (it was refused all the same); listed alone, decay would move the
+    rows it keeps: refused in one line naming the matrix, nothing written."""
+    out = tmp_path / "out"
+    decay = ("train.weight_decay=0.01", f"train.trainable={trainable}")
+    result = tf("train", "tiny", "--init", trained, "--out", out,
+                *one_way_settings(tmp_path, tiny_prefix, *decay))  # fmt: skip
+    if not refused:
+        assert result.exit_code == 0, result.output
+        return
+    assert_user_error(result, "train.weight_decay would move the old rows of src_embed.token")
     assert not out.exists()

@@ -242,6 +242,49 @@ def test_every_path_a_config_names_is_recorded_absolute(tmp_path, monkeypatch):
     assert (wanted.data.train, wanted.data.dev) == ("c", "/elsewhere/d")
 
 
+def path_settings(cls: type, prefix: str = "") -> list[str]:
+    """The dotted names of the schema's settings marked as naming files or folders
+    (`metadata["path"]`), at any depth; a list's entries as NAME[].FIELD."""
+    import dataclasses
+    import typing
+
+    names = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        dotted = f"{prefix}{f.name}"
+        if f.metadata.get("path"):
+            names.append(dotted)
+        for hint in (hints[f.name], *typing.get_args(hints[f.name])):
+            listed = typing.get_origin(hint) is list
+            inner = typing.get_args(hint)[0] if listed else hint
+            if dataclasses.is_dataclass(inner):
+                names += path_settings(inner, f"{dotted}[]." if listed else f"{dotted}.")
+    return list(dict.fromkeys(names))
+
+
+def test_every_path_setting_the_schema_marks_is_recorded_absolute(tmp_path, monkeypatch):
+    """The settings that name files say so in the schema (`metadata={"path": True}`), and
+    `anchored` makes each one absolute by walking it, a list's entries too: a path setting
+    added later is anchored without a list to update by hand (there was one)."""
+    from cli.config import Config
+    from cli.training.run import anchored
+
+    monkeypatch.chdir(tmp_path)
+    names = path_settings(Config)
+    assert {
+        "data.train", "data.train[].corpus", "data.dev", "data.dev[].corpus",
+        "data.test", "data.test[].corpus", "data.tokenizer", "train.init",
+    } <= set(names)  # fmt: skip
+    for i, dotted in enumerate(names):
+        relative = f"here/{i}"
+        listed, _, key = dotted.partition("[].")
+        override = f"{listed}=[{{{key}: {relative}}}]" if key else f"{dotted}={relative}"
+        node = anchored(load_config("tiny", [override]))
+        for part in dotted.split("."):
+            node = getattr(node[0] if isinstance(node, list) else node, part.removesuffix("[]"))
+        assert node == str(tmp_path / relative), dotted
+
+
 def test_a_run_of_relative_paths_resumes_from_any_directory(
     tmp_path, tiny_prefix, tiny_tokenizer, monkeypatch
 ):

@@ -79,6 +79,26 @@ def call(
     return status, payload, kind
 
 
+def call_at_once(url: str, bodies: list[dict], timeout: float = 60) -> list[tuple]:
+    """`call(url, body)` for every body at once, each from a thread of its own, all released
+    together, so that a server takes them in while it searches (and batches them): their
+    answers, in the bodies' order."""
+    answers: dict[int, tuple] = {}
+    start = threading.Barrier(len(bodies))
+
+    def client(i: int) -> None:
+        start.wait()
+        answers[i] = call(url, bodies[i], timeout=timeout)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    assert len(answers) == len(bodies), "a client got no answer in time"
+    return [answers[i] for i in range(len(bodies))]
+
+
 @pytest.fixture(scope="module")
 def engine(trained) -> Engine:
     return load_engine(str(trained), torch.device("cpu"), [])
@@ -104,19 +124,8 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answers_in_order(
     app = build_app(echo, "echo", "test", Limits(max_lines=8, max_wait=0.3), search=slow_search)
     requests = [[f"{word} {i}" for word in LINES[: 1 + i % 4]] for i in range(8)]
     expected = [echo.tokenizer.decode_tgt(echo.tokenizer.encode_src(r)) for r in requests]
-    answers: dict[int, tuple] = {}
-    start = threading.Barrier(len(requests))
-
-    def client(i: int) -> None:
-        start.wait()
-        answers[i] = call(f"{url}/translate", {"text": requests[i], "beam": 2})
-
     with serving(app) as url:
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
+        answers = call_at_once(f"{url}/translate", [{"text": r, "beam": 2} for r in requests])
     for i, lines in enumerate(expected):
         assert answers[i][0] == 200, answers[i]
         assert answers[i][1] == {"translations": lines}

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 from test_cli import assert_user_error, tf
-from test_import import quiet_transformers
+from test_ensemble import split
+from test_import import imported, quiet_transformers
 
 from benchmarks.fairseq_standin import (
     make_model_standin,
@@ -197,33 +198,62 @@ def models(saved, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     }
 
 
+@pytest.fixture(scope="module")
+def runs(models, tmp_path_factory) -> dict[str, Path]:
+    """`tf import` of each folder of `models`."""
+    return {name: imported(d, tmp_path_factory.mktemp(name)) for name, d in models.items()}
+
+
+# Greedy, short, in float32 (CTranslate2's directory computes in float32 on a CPU).
+SHORT = ["--greedy", "--set", "decode.max_len_a=0", "--set", "decode.max_len_b=16"]
+SHORT += ["--set", "decode.precision=fp32"]
+
+
+def translated(model: Path, sources: list[str], *options: str) -> list[str]:
+    """`tf translate MODEL --from spa_Latn --to eng_Latn` of `sources`, `SHORT`."""
+    args = ["--from", "spa_Latn", "--to", "eng_Latn", *SHORT, *options]
+    result = tf("translate", model, *args, input="\n".join(sources) + "\n")
+    assert result.exit_code == 0, result.output
+    return result.stdout.splitlines()
+
+
 def test_tf_import_of_a_transformers_5_directory_translates_as_the_published_one(
-    models, lines, tmp_path
+    models, runs, lines, tmp_path
 ):
     """`tf import` takes the folder with no SentencePiece model (it refused it: "needs
     sentencepiece.bpe.model"), and the run translates as the import of the same model's
     published folder; `tf export --to huggingface` writes what AutoTokenizer reads to the
     same ids."""
-    runs = {}
-    for name, directory in models.items():
-        result = tf("import", directory, "-o", tmp_path / name)
-        assert result.exit_code == 0, result.output
-        runs[name] = tmp_path / name
     assert not (runs["saved"] / "tokenizer" / SPM).exists()
-    sources = "\n".join(lines[:10] + lines[600:610]) + "\n"
-    short = ["--greedy", "--set", "decode.max_len_a=0", "--set", "decode.max_len_b=16"]
-    translated = {
-        name: tf("translate", run, "--from", "spa_Latn", "--to", "eng_Latn", *short, input=sources)
-        for name, run in runs.items()
-    }
-    assert translated["saved"].exit_code == 0, translated["saved"].output
-    assert translated["saved"].stdout == translated["published"].stdout
-    assert len(set(translated["saved"].stdout.splitlines())) > 5  # outputs of their sources
+    sources = lines[:10] + lines[600:610]
+    saved = translated(runs["saved"], sources)
+    assert saved == translated(runs["published"], sources)
+    assert len(set(saved)) > 5  # outputs of their sources
     out = tmp_path / "export"
     result = tf("export", runs["saved"], "--to", "huggingface", "-o", out)
     assert result.exit_code == 0, result.output
     exported, original = (reference(d, "spa_Latn") for d in (out, models["saved"]))
     assert exported(lines).input_ids == original(lines).input_ids
+
+
+def test_a_transformers_5_directory_exported_to_ctranslate2_translates_as_its_run(
+    runs, lines, tmp_path
+):
+    """`tf export --to ctranslate2` of the import of a folder with tokenizer.json alone: the
+    directory holds that tokenizer (and no SentencePiece model), `tf translate DIR` reads it,
+    and CTranslate2 writes the run's greedy lines with the run's scores (within 1e-3), in
+    several scripts."""
+    ct2 = tmp_path / "ct2"
+    result = tf("export", runs["saved"], "--to", "ctranslate2", "-o", ct2)
+    assert result.exit_code == 0, result.output
+    assert (ct2 / TOKENIZER_JSON).is_file() and not (ct2 / SPM).exists()
+    sources = lines[:10] + lines[400:405] + lines[900:905]  # Latin, Greek, CJK
+    (our_texts, our_scores), (their_texts, their_scores) = (
+        split(translated(model, sources, "--scores")) for model in (runs["saved"], ct2)
+    )
+    assert their_texts == our_texts
+    assert their_scores == pytest.approx(our_scores, abs=1e-3)
+    assert len(set(our_texts)) > 5  # outputs of their sources
 
 
 def test_an_unreadable_tokenizer_json_alone_is_one_line_naming_it(models, tmp_path):

@@ -27,10 +27,14 @@ from test_import import small_standin
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cli", "model", "data", "configs")  # what the wheel holds, and nothing else
-# What is never part of the source the wheel is built from.
-NOT_SOURCE = shutil.ignore_patterns(
-    ".git", ".venv", "runs", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".*_cache"
-)
+
+
+def source_files(tree: Path) -> list[str]:
+    """The files of `tree` that are its source: those git tracks, and the new ones it does not
+    ignore (.gitignore: no venv, runs, benchmark output, caches, build products), as they lie
+    in the working tree."""
+    listed = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], tree)
+    return [name for name in listed.stdout.split("\0") if name and (tree / name).is_file()]
 
 
 def run(args: list, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
@@ -56,9 +60,14 @@ def shipped_files(tree: Path) -> set[str]:
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
-    """A copy of this tree, as `pip install .` reads it (pip builds in the tree it is given:
-    the copy keeps build/ and *.egg-info out of this one)."""
-    return shutil.copytree(ROOT, tmp_path_factory.mktemp("wheel") / "source", ignore=NOT_SOURCE)
+    """A copy of this tree's source (`source_files`), as a fresh clone with the change would
+    hold it, for `pip install .` to read (pip builds in the tree it is given: the copy keeps
+    build/ and *.egg-info out of this one)."""
+    copy = tmp_path_factory.mktemp("wheel") / "source"
+    for name in source_files(ROOT):
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, copy / name)
+    return copy
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +93,22 @@ def fresh(wheel, tmp_path_factory) -> tuple[Path, Path]:
     # After the install: pip must not see the editable `tf` of this environment as installed.
     (packages / "third_party.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     return venv / "bin", packages
+
+
+def test_the_wheel_is_built_from_the_source_alone(source):
+    """The tree the wheel is built from holds no file that git ignores (a copy of the whole
+    working tree took .hypothesis/, bench-out/, tmp/ ... into it), and the source's."""
+    names = [p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file()]
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin"],
+        cwd=ROOT,
+        input="\n".join(names),
+        capture_output=True,
+        text=True,
+    )
+    assert ignored.returncode in (0, 1), ignored.stderr  # 1: none of them ignored
+    assert ignored.stdout.split() == []
+    assert {"pyproject.toml", "cli/main.py", "tests/test_wheel.py"} <= set(names)
 
 
 def test_the_wheel_holds_every_package_and_data_file_of_the_tree(wheel, source):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cli.config import load_config
 from cli.training.data import progress_bar
+from data.errors import counted
 from data.files import check_output
 from data.pipeline import joined, load_training_corpora, train_tokenizer_for
 from data.tokenizer import TOKENIZER_SETTINGS
@@ -20,5 +21,5 @@ def run_tokenizer_train(config_path: str, overrides: list[str], out: Path) -> st
     tok = train_tokenizer_for(config.data, corpus, out, config.train.seed, progress_bar)
     return (
         f"{out}: vocab {tok.src_vocab_size}/{tok.tgt_vocab_size}, "
-        f"{'joint' if tok.joint else 'separate'}, trained on {len(corpus)} pairs"
+        f"{'joint' if tok.joint else 'separate'}, trained on {counted(len(corpus), 'pair')}"
     )

@@ -47,9 +47,10 @@ def run_translate(
 ) -> None:
     """The `tf translate` command: stdin/FILE (or a pipe, `-i <(cmd)`) to stdout/FILE, with the
     run's decode settings changed by `overrides` (`decode.KEY=VALUE`); RUN may be an exported
-    CTranslate2 directory; `int8` runs the PyTorch model's linear layers in dynamic int8; with
-    `attention`, also a heatmap of the cross-attention of each line's best translation
-    (`cli.inference.heatmaps`); `to`, a multilingual model's output language."""
+    CTranslate2 directory; `int8` runs the PyTorch model's linear layers in int8 with a scale
+    per row of activations (`model.int8`); with `attention`, also a heatmap of the
+    cross-attention of each line's best translation (`cli.inference.heatmaps`); `to`, a
+    multilingual model's output language."""
     from cli.inference.heatmaps import prepare_attention, write_attention  # matplotlib: optional
 
     check_arguments(input_path, output_path, input_format)

@@ -24,13 +24,13 @@ tokenizer and decode settings.
 from __future__ import annotations
 
 import math
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from cli.config import TF_CONFIG, Config, DecodeConfig, save_config
+from cli.config import TF_CONFIG, Config, DecodeConfig
+from cli.exporters.published import copy_tokenizer_models, save_published_config
 from data.errors import InputError
 from data.tokenizer import Tokenizer
 from model.transformer import Embedding, ModelConfig, Transformer
@@ -60,11 +60,10 @@ def export_ctranslate2(
             return transformer_spec(model, tokenizer)
 
     TfConverter().convert(str(out), quantization=quantization)
-    for path in tokenizer.model_paths():
-        shutil.copyfile(path, out / path.name)
+    copy_tokenizer_models(tokenizer, out)
     start = tokenizer.decoder_start_id(model.config.decoder_start)
     decode, changed = ct2_decode(config.decode, bans_pad(tokenizer, start))
-    save_config(replace(config, decode=decode), out / TF_CONFIG)
+    save_published_config(replace(config, decode=decode), out)
     return changed
 
 

@@ -34,15 +34,15 @@ Beside them, the run's config (`tf_config.yaml`), for `tf import` of the directo
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from cli.config import TF_CONFIG, Config, save_config
+from cli.config import Config
 from cli.exporters.hf_tokenizer import write_tokenizer
 from cli.exporters.marian import generation_config, layer_settings
+from cli.exporters.published import copy_tokenizer_models, save_published_config
 from data.errors import InputError
 from data.fairseq import HF_CONFIG, MASK, NLLB, FairseqTokenizer
 from data.fairseq import M2M100 as M2M100_TOKENIZER
@@ -152,7 +152,7 @@ def export_m2m100(
     # saved, which `from_pretrained` computes again.)
     hf.save_pretrained(out, safe_serialization=True)
     write_tokenizer_files(tokenizer, out, config)
-    save_config(config, out / TF_CONFIG)
+    save_published_config(config, out)
 
 
 def special_ids(model: Transformer, tokenizer: Tokenizer) -> dict[str, int]:
@@ -198,13 +198,10 @@ def write_tokenizer_files(tokenizer: Tokenizer, out: Path, config: Config) -> No
     model(s), which `tf import` of the export reads)."""
     if not isinstance(tokenizer, FairseqTokenizer):
         write_tokenizer(tokenizer, out, config.model.max_positions)
-        for path in tokenizer.model_paths():
-            shutil.copyfile(path, out / path.name)
+        copy_tokenizer_models(tokenizer, out)
         return
-    paths = tokenizer.model_paths()
-    for path in paths:
-        shutil.copyfile(path, out / path.name)
-    if not any(path.name == HF_CONFIG for path in paths):
+    copy_tokenizer_models(tokenizer, out)
+    if not any(path.name == HF_CONFIG for path in tokenizer.model_paths()):
         settings = fairseq_tokenizer_config(tokenizer, config.model.max_positions)
         (out / HF_CONFIG).write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")
 

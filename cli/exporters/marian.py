@@ -34,13 +34,13 @@ a sentence that tf cuts at its limit (no EOS in sight) ever reaches.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
 
-from cli.config import TF_CONFIG, Config, DecodeConfig, save_config
+from cli.config import Config, DecodeConfig
 from cli.exporters.hf_tokenizer import write_tokenizer
+from cli.exporters.published import copy_tokenizer_models, save_published_config
 from data.errors import InputError
 from data.marian import TOKENIZER_CONFIG, MarianTokenizer
 from data.tokenizer import Tokenizer
@@ -91,11 +91,10 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, config: Config, out:
         write_marian_tokenizer(tokenizer, out, config)
     else:
         write_tokenizer(tokenizer, out, model.config.max_positions, order)
-        for path in tokenizer.model_paths():  # for `tf import`, which restores the run
-            shutil.copyfile(path, out / path.name)
+        copy_tokenizer_models(tokenizer, out)  # for `tf import`, which restores the run
     # What `tf import` of this directory needs to give back the run's model exactly: its
     # layout of positions, its decoder's start, every setting.
-    save_config(config, out / TF_CONFIG)
+    save_published_config(config, out)
 
 
 def vocabulary_order(tokenizer: Tokenizer) -> list[int]:
@@ -185,8 +184,7 @@ def generation_config(special: dict[str, int], decode: DecodeConfig, c: ModelCon
 def write_marian_tokenizer(tokenizer: MarianTokenizer, out: Path, config: Config) -> None:
     """An imported model's own tokenizer files, and the tokenizer_config.json that makes
     `AutoTokenizer` a MarianTokenizer over them."""
-    for path in tokenizer.model_paths():
-        shutil.copyfile(path, out / path.name)
+    copy_tokenizer_models(tokenizer, out)
     d = config.data
     ways = d.translates()  # one-way: its corpora's direction; else the languages it was named by
     src, tgt = ways[0] if len(ways) == 1 else (d.src_lang, d.tgt_lang)

@@ -14,10 +14,13 @@ from typing import Any
 
 from cli.config import Config
 from cli.exporters.m2m100 import M2M100, MBART, huggingface_family
+from cli.exporters.published import published_config
 from cli.inference.languages import with_languages
 from cli.training.checkpoint import CheckpointError, resolve_checkpoint
 from data.config import DataConfig, direction_name
+from data.errors import counted
 from data.fairseq import FairseqTokenizer
+from data.files import shown_spec
 from data.marian import MarianTokenizer
 from data.tokenizer import Tokenizer
 from model.transformer import Transformer
@@ -52,7 +55,9 @@ def model_card(
     imported: dict[str, Any] | None = None,
 ) -> str:
     """README.md for the exported directory: Hub metadata, then the card itself. `imported`:
-    the checkpoint's record of `tf import` (a pretrained model exported again)."""
+    the checkpoint's record of `tf import` (a pretrained model exported again). Paths are
+    named as the export's config names them (`published_config`): by their names alone."""
+    config = published_config(config)
     d = with_languages(config, tokenizer).data  # an older import's `>>xxx<<` tokens too
     tokens = d.lang_tokens()
     ways = d.translates()  # what its corpora train, not data.src_lang/tgt_lang
@@ -121,7 +126,7 @@ def short_languages(langs: list[str], most: int = 10) -> list[str]:
 def origin(config: Config, imported: dict[str, Any] | None) -> str:
     """Where the weights come from, in words."""
     if imported:
-        return f"imported into `tf` from `{imported.get('source', '?')}`"
+        return f"imported into `tf` from `{shown_spec(imported.get('source', '?'))}`"
     if config.train.init:
         return f"fine-tuned with `tf` from `{config.train.init}`"
     return "trained from scratch with `tf`"
@@ -292,6 +297,7 @@ def shape_section(
     model: Transformer, tokenizer: Tokenizer, config: Config, step: int | None
 ) -> str:
     c, d, t = model.config, config.data, config.train
+    updates = counted(step, "update") if step is not None else "? updates"
     layers = f"{c.n_encoder_layers} encoder and {c.n_decoder_layers} decoder layers"
     rows = [
         ("architecture", f"{layer_norm(model)} Transformer, {layers}"),
@@ -303,7 +309,7 @@ def shape_section(
         ),
         (
             "training",
-            f"{step if step is not None else '?'} updates of {t.max_tokens} tokens "
+            f"{updates} of {t.max_tokens} tokens "
             f"x {t.update_freq}, lr {t.lr:g} ({t.schedule}), label smoothing {t.label_smoothing:g}",
         ),
     ]

@@ -35,7 +35,7 @@ from cli.exporters.ctranslate2 import is_ctranslate2_dir
 from cli.inference.decoding import chunks
 from cli.inference.engines import Engine
 from cli.training.checkpoint import load_checkpoint, resolve_checkpoint
-from data.errors import InputError
+from data.errors import InputError, counted
 from data.files import atomic_output
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def translate_corpus(
         json.dump({**made_by, "pairs": len(sources)}, f, indent=1)
     os.replace(partial, tgt_path)
     record_path(partial).unlink(missing_ok=True)
-    return f"{out}: {len(sources)} pairs {DONE[name]} by {model}"
+    return f"{out}: {counted(len(sources), 'pair')} {DONE[name]} by {model}"
 
 
 def translate_into(

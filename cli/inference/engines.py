@@ -1,5 +1,6 @@
 """What `tf translate` and `tf eval` decode with: the run's PyTorch model (fp32, or its linear
-layers in dynamic int8), or an exported CTranslate2 directory, behind one streaming interface.
+layers in int8 with a scale per row of activations, `model.int8`), or an exported CTranslate2
+directory, behind one streaming interface.
 
 Each engine yields, for every input line in order, the source ids it translated and the
 hypotheses (ids, best first, scored as `model.search.Hypothesis` says), so output formatting and

@@ -7,7 +7,7 @@ from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from data.errors import InputError
+from data.errors import InputError, counted
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
@@ -32,4 +32,6 @@ def check_parallel(src: Path, src_lines: list[str], ref: Path, ref_lines: list[s
     if not ref_lines:
         raise InputError(f"{ref}: no lines: nothing to score")
     if len(src_lines) != len(ref_lines):
-        raise InputError(f"{src} has {len(src_lines)} lines but {ref} has {len(ref_lines)}")
+        raise InputError(
+            f"{src} has {counted(len(src_lines), 'line')} but {ref} has {len(ref_lines)}"
+        )

@@ -17,10 +17,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from cli.config import DecodeConfig
 from cli.inference.batcher import Batcher, Joiner, QueueFull
@@ -31,6 +29,7 @@ from cli.inference.languages import check_languages
 from cli.inference.requests import Guide, Request, request_of
 from data.config import direction_of
 from data.errors import InputError
+from data.files import shown_path
 
 log = logging.getLogger(__name__)
 
@@ -234,10 +233,7 @@ def shown_name(run: str | list[str]) -> str:
     ensemble's, its members' names joined ("a + b")."""
     if not isinstance(run, str):
         return " + ".join(shown_name(member) for member in run)
-    path = Path(os.path.abspath(run))
-    if path.parent.name == "checkpoints":  # RUN/checkpoints/best.pt
-        return f"{path.parent.parent.name}/{path.name}"
-    return path.name
+    return shown_path(run)  # as an export names its paths
 
 
 def build_app(

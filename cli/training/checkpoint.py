@@ -157,12 +157,9 @@ def with_init(config: Config) -> Config:
     # check of tie_embeddings "all" needs; and it translates what the model translates.
     data = replace(config.data, tokenizer=str(tokenizer.directory), joint_vocab=tokenizer.joint)
     data = init_languages(data, with_directions(init.data, tokenizer.tags), path, tokenizer)
-    # (cli.training.new_languages imports this module)
-    from cli.training.new_languages import check_new_languages, with_tokens_it_lacks
+    from cli.training.new_languages import with_new_languages  # (which imports this module)
 
-    if data.new_languages:
-        check_new_languages(data, tokenizer, path)
-    data = with_tokens_it_lacks(data, tokenizer)
+    data = with_new_languages(data, tokenizer, path)
     check_keeps_tokenizer(data, tokenizer, path)
     decode = init_decode(config.decode, init.decode)
     merged = replace(config, model=replace(config.model, **shapes), data=data, decode=decode)

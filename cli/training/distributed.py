@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -37,15 +37,31 @@ class Dist:
         return self.world_size > 1
 
 
-class StoppedWithMain(Exception):
-    """The main rank failed in a block it runs first (`main_first`): this rank stops with it,
-    and says nothing (the main rank says why)."""
+class StartFailed(Exception):
+    """The start of a run failed on some rank, and every rank stops together (`agreed_start`):
+    `str()` is the first failing rank's message, which rank 0 alone says (`cli.main`);
+    `refused`: it was a refusal (a setting, a corpus, a run in the way), not a crash."""
+
+    def __init__(self, message: str, refused: bool):
+        super().__init__(message)
+        self.refused = refused
 
 
 def launched_by_torchrun() -> bool:
     """Whether torchrun started this process: it reports any exit but 0 of one as a failure of
-    its own, with a traceback (ChildFailedError), so a refusal exits 0 there (`cli.main`)."""
+    its own, with a traceback (ChildFailedError), so a refusal at start-up exits 0 there
+    (`agreed_start`, `cli.main`)."""
     return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def refusals() -> tuple[type[Exception], ...]:
+    """The errors that are a refusal of what the user gave (a setting, a file, a run), said in
+    one line without a traceback (`cli.main.user_errors`)."""
+    from cli.config import ConfigError
+    from cli.training.checkpoint import CheckpointError
+    from cli.training.run import TrainingError
+
+    return InputError, ConfigError, CheckpointError, TrainingError
 
 
 def init(device_name: str, timeout: float = 7200.0) -> tuple[Dist, torch.device]:
@@ -136,7 +152,9 @@ def gather_to_main(d: Dist, obj: Any) -> list[Any] | None:
 
 
 def broadcast_object(d: Dist, obj: Any) -> Any:
-    """The main rank's `obj` on every rank (the others' are ignored)."""
+    """The main rank's `obj` on every rank (the others' are ignored), once every rank has come
+    this far (`agree`: a step of the start)."""
+    agree(d)
     if not d.active:
         return obj
     box = [obj]
@@ -149,23 +167,68 @@ def barrier(d: Dist) -> None:
         dist.barrier()
 
 
+def agree(d: Dist, failure: tuple[str, bool] | None = None) -> None:
+    """A point of the start of a run that every rank reaches, whether it failed on the way or
+    not (`agreed_start`): each says so, and all go on only if none failed. Every collective of
+    the start comes after one (a rank that failed alone before it announces that here, in
+    the collective the others make next: no rank waits for one that has stopped).
+
+    Args:
+        failure: this rank's (message, refused), where it failed since the last agreement.
+
+    Raises:
+        StartFailed: on every rank where any failed, with the first failing rank's message.
+    """
+    failures = [failure]
+    if d.active:
+        failures = [None] * d.world_size
+        dist.all_gather_object(failures, failure)
+    first = next((f for f in failures if f is not None), None)
+    if first is not None:
+        raise StartFailed(*first)
+
+
+@contextmanager
+def agreed_start(d: Dist) -> Iterator[None]:
+    """The start of a run under torchrun (from the config to the trainer built), which ends
+    alike on every rank: where one rank fails (a refusal, a crash), the others stop with it
+    at their next `agree`, and all raise `StartFailed` with the first failing rank's message,
+    which rank 0 alone says (a crash's own rank raises its error, with its traceback). Before
+    the process group exists (`Dist()`), every rank reads the same config and files: each
+    fails alike, on its own. Without torchrun, errors pass as they are.
+
+    Raises:
+        StartFailed: under torchrun, where any rank failed in the block.
+    """
+    if not d.active and not launched_by_torchrun():
+        yield
+        return
+    try:
+        yield
+    except StartFailed:
+        raise  # agreed already
+    except refusals() as e:
+        agree(d, (str(e), True))  # (raises StartFailed: it failed here)
+    except Exception as e:
+        with suppress(StartFailed):
+            agree(d, (f"rank {d.rank} failed at start-up: {type(e).__name__}: {e}", False))
+        raise
+    agree(d)
+
+
 @contextmanager
 def main_first(d: Dist) -> Iterator[None]:
     """Run the block on the main rank first, then on the others: files it writes (a tokenizer,
-    the `datasets` cache of the encoded corpus) are made once and then read by the rest. Where
-    it fails on the main rank (a corpus refused), the others stop too, without running it
-    (`StoppedWithMain`): every rank stops together, and the main rank alone says why.
+    the `datasets` cache of the encoded corpus) are made once and then read by the rest. A step
+    of the start (`agreed_start`): the others wait for the main rank's block in an agreement,
+    and where it fails there (a corpus refused) they stop with it, without running it.
 
     Raises:
-        StoppedWithMain: on the other ranks, when the block failed on the main rank.
+        StartFailed: on the other ranks, where the block failed on the main rank (or any rank
+            failed before it).
     """
-    if d.active and not d.main and not broadcast_object(d, None):
-        raise StoppedWithMain("the main rank stopped")
-    try:
-        yield
-    except BaseException:
-        if d.active and d.main:
-            broadcast_object(d, False)
-        raise
+    if d.active and not d.main:
+        agree(d)
+    yield
     if d.active and d.main:
-        broadcast_object(d, True)
+        agree(d)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from cli.config import Config
+from cli.config import Config, ConfigError
 from cli.training.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_atomic
 from cli.training.new_languages import first_new_rows
 from cli.training.run import BASE  # beside checkpoints/ in the run directory
@@ -145,7 +145,25 @@ def adapt(
     generator = torch.Generator().manual_seed(config.train.seed)
     add_lora(model, config.train.lora, generator)
     new_rows = first_new_rows(model, tokenizer, config.data) if tokenizer else None
+    check_weight_decay(model, config, new_rows)
     return freeze_for_lora(model, config.train.trainable, new_rows)
+
+
+def check_weight_decay(model: torch.nn.Module, config: Config, new_rows: dict | None) -> None:
+    """A matrix that trains its new languages' rows alone (`rows_trained_alone`) keeps its
+    other rows only without weight decay, which would move them (their gradient is zeroed, not
+    the decay Adam adds to it); a matrix that another group trains whole (`embeddings` of a
+    tied model: the output layer's too) may decay.
+
+    Raises:
+        ConfigError: naming the first such matrix.
+    """
+    alone = rows_trained_alone(model, config.train.trainable, new_rows)
+    if alone and config.train.weight_decay:
+        raise ConfigError(
+            f"train.weight_decay would move the old rows of {next(iter(alone))}, whose new "
+            f"languages' rows train alone (train.trainable {NEW_ROWS}): set it to 0"
+        )
 
 
 def trained_rows(model: torch.nn.Module, config: Config, tokenizer: BaseTokenizer) -> dict:
@@ -193,7 +211,15 @@ def hold_frozen(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
 
 def load_adapted(model: torch.nn.Module, ckpt: dict[str, Any], path: Path) -> None:
     """An adapted `model` (`adapt`) given the checkpoint's base and, over it, what it trained."""
-    missing, unexpected = model.load_state_dict(base_weights(ckpt, path), strict=False)
+    put_adapted(model, base_weights(ckpt, path), ckpt, path)
+
+
+def put_adapted(
+    model: torch.nn.Module, base: dict[str, torch.Tensor], ckpt: dict[str, Any], path: Path
+) -> None:
+    """An adapted `model` given the base weights `base` (base.pt's, read and checked) and,
+    over them, what checkpoint `ckpt` (at `path`, named in errors) trained."""
+    missing, unexpected = model.load_state_dict(base, strict=False)
     trained = ckpt["model"]
     if unexpected or set(missing) - set(trained):
         wrong = unexpected or sorted(set(missing) - set(trained))
@@ -209,30 +235,38 @@ def load_adapted(model: torch.nn.Module, ckpt: dict[str, Any], path: Path) -> No
         raise CheckpointError(f"{path}: adapters that do not fit the model ({unexpected[0]})")
 
 
-def load_merged(model: torch.nn.Module, ckpt: dict[str, Any], path: Path, config: Config) -> None:
+def load_merged(
+    model: torch.nn.Module,
+    ckpt: dict[str, Any],
+    path: Path,
+    config: Config,
+    base: dict[str, torch.Tensor] | None = None,
+) -> None:
     """The adapted checkpoint's weights in a plain `model`: base and adapters merged (what
-    inference, exports and averages read)."""
+    inference, exports and averages read). `base`: the base weights where they were read
+    already (validation reads base.pt once); else base.pt's, read and checked."""
     # The adapters' first values are the checkpoint's: drawn from a generator of their own,
     # not from the global one (a validation in the middle of training draws no dropout's).
     add_lora(model, config.train.lora, torch.Generator())
-    load_adapted(model, ckpt, path)
+    put_adapted(model, base_weights(ckpt, path) if base is None else base, ckpt, path)
     merge_lora(model)
 
 
-def merged_copy(
-    model: torch.nn.Module,
+def merge_into(
     plain: torch.nn.Module,
-    base: dict[str, Any],
+    model: torch.nn.Module,
+    base: dict[str, torch.Tensor],
     path: Path,
     names: list[str],
     rows: dict[str, int],
     config: Config,
 ) -> torch.nn.Module:
-    """`plain`, a new model of the adapted `model`'s shape, holding what a checkpoint of
-    `model` written now at `path` would give every command: the base its record `base` names
-    with the adapters (and groups) as they are merged in (`load_merged`)."""
-    ckpt = {"base": base, "model": trained_state(model, names, rows), "rows": rows}
-    load_merged(plain, ckpt, path, config)
+    """`plain`, a plain model of the adapted `model`'s shape (reused from one call to the
+    next: merging leaves it plain again), given what a checkpoint of `model` written now at
+    `path` would give every command: the base weights `base` (its base.pt's, read once) with
+    the adapters (and groups) as they are, merged as `load_merged` merges them."""
+    ckpt = {"model": trained_state(model, names, rows), "rows": rows}
+    load_merged(plain, ckpt, path, config, base)
     return plain
 
 

@@ -31,18 +31,39 @@ SRC_ROWS = ("src_embed.token.weight",)
 TGT_ROWS = ("tgt_embed.token.weight", "generator.weight", "generator.bias")
 
 
+def with_new_languages(d: DataConfig, tokenizer: BaseTokenizer, path: Path) -> DataConfig:
+    """`d` with every token the run adds to `tokenizer` (the init's, of checkpoint `path`) in
+    `new_languages`: those the user names, checked (`check_new_languages`), then those of the
+    model's own languages it lacks (`with_tokens_it_lacks`); all of them addable to it.
+
+    Raises:
+        ConfigError: a new language refused, or a token the tokenizer cannot take
+            (`check_addable`: a piece it has already, a kind that cannot grow).
+    """
+    if d.new_languages:
+        check_new_languages(d, tokenizer, path)
+    d = with_tokens_it_lacks(d, tokenizer)
+    if d.new_languages:
+        try:
+            check_addable(tokenizer, d.new_tokens())
+        except InputError as e:
+            raise ConfigError(str(e)) from None
+    return d
+
+
 def check_new_languages(d: DataConfig, tokenizer: BaseTokenizer, path: Path) -> None:
-    """Each new language is new, trained, and starts from a row the model has.
+    """Each new language the user names is new, trained, and starts from a row the model has
+    (whether its token can join the tokenizer: `with_new_languages`, once every token to add
+    is listed).
 
     Args:
         d: the run's data section, with `train.init`'s languages recorded (`init_languages`).
         tokenizer: the init's tokenizer; path: the init's checkpoint (named in messages).
 
     Raises:
-        ConfigError: a token the tokenizer has already, a language no training corpus reads
-            or writes, a source language of a model whose sources carry no token of their
-            own (it needs none), a row to copy that is no language token of the model, a
-            language twice.
+        ConfigError: a language no training corpus reads or writes, a source language of a
+            model whose sources carry no token of their own (it needs none), a row to copy
+            that is no language token of the model, a language twice.
     """
     langs = [n.lang for n in d.new_languages]
     trained = {lang for c in d.corpora() for lang in d.direction(c)}
@@ -76,10 +97,6 @@ def check_new_languages(d: DataConfig, tokenizer: BaseTokenizer, path: Path) -> 
                 f"{where}.init {n.init!r}: no language token of train.init {path} (whose row "
                 f"would start the new one's): name one of {listed}, or mean"
             )
-    try:
-        check_addable(tokenizer, d.new_tokens())
-    except InputError as e:
-        raise ConfigError(str(e)) from None
 
 
 def with_tokens_it_lacks(d: DataConfig, tokenizer: BaseTokenizer) -> DataConfig:

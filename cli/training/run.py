@@ -15,18 +15,16 @@ working directory.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import re
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from cli.config import Config, config_diff, load_config, read_yaml, save_config
-from data.config import SetConfig
+from cli.config import Config, config_diff, load_config, read_yaml, save_config, with_paths
 from data.files import check_output
 
 log = logging.getLogger(__name__)
@@ -80,40 +78,17 @@ class RunDir:
 # ------------------------------------------------------------------------- a new or resumed run
 
 
-# The settings that name files: corpora (a spec, or a list of sets), a folder, a checkpoint.
-PATH_SETTINGS = (
-    ("data", "train"),
-    ("data", "dev"),
-    ("data", "test"),
-    ("data", "tokenizer"),
-    ("train", "init"),
-)
-
-
 def anchored(config: Config, like: Config | None = None) -> Config:
-    """`config` with every path of PATH_SETTINGS absolute, read from the working directory
-    (corpus specs by `data.corpus.anchored_spec`): a run records them so, and resumes from
-    anywhere. `like`: a run's saved config, whose value of a setting is kept where it names
-    the same place, as it is written (a run recorded before paths were anchored keeps its
-    relative ones, which its checkpoint's corpus records and its tokenizer's settings name)."""
+    """`config` with every setting that names files or folders (the schema marks them:
+    `with_paths`) absolute, read from the working directory (corpus specs by
+    `data.corpus.anchored_spec`, which leaves hub names and `bundled:` corpora as they are): a
+    run records them so, and resumes from anywhere. `like`: a run's saved config, whose value
+    of a setting is kept where it names the same place, as it is written (a run recorded
+    before paths were anchored keeps its relative ones, which its checkpoint's corpus records
+    and its tokenizer's settings name)."""
     from data.corpus import anchored_spec  # (`datasets`, which `tf translate` need not load)
 
-    def place(value: str | list[SetConfig], path: bool) -> str | list[SetConfig]:
-        if isinstance(value, list):
-            return [replace(s, corpus=anchored_spec(s.corpus)) for s in value]
-        return os.path.abspath(value) if path and value else anchored_spec(value)
-
-    changed: dict[str, dict[str, Any]] = {}
-    for section, key in PATH_SETTINGS:
-        path = key in ("tokenizer", "init")
-        value = place(getattr(getattr(config, section), key), path)
-        if like is not None:
-            kept = getattr(getattr(like, section), key)
-            value = kept if place(kept, path) == value else value
-        changed.setdefault(section, {})[key] = value
-    return replace(
-        config, **{name: replace(getattr(config, name), **v) for name, v in changed.items()}
-    )
+    return with_paths(config, anchored_spec, like)
 
 
 def start_run(config: Config, out: Path, force: bool, restart: bool = False) -> RunDir:

@@ -165,17 +165,8 @@ class Trainer:
         with distributed.main_first(dd):  # one rank trains the tokenizer and fills the caches
             self.data = training_data(config, run.tokenizer, dd, own_tokenizer)
         self.tokenizer = self.data.tokenizer
-        self.model = build_model(config, self.tokenizer).to(self.device)
-        self.base: dict[str, str] | None = None  # a LoRA run's base.pt record
-        if t.init and not resume:
-            self.load_starting_weights(restart)
-        # LoRA: adapters on the model, the rest frozen; the optimizer holds what trains.
-        self.trained = lora.adapt(self.model, config, self.tokenizer) if t.lora.rank else []
-        self.model.to(self.device)
-        shard.shard_model(self.model, t.shard, dd, device)  # before the optimizer: it holds them
         self.dtype = autocast_dtype(t.precision, self.device)
-        if t.lora.rank:  # (validation decodes a merged copy: `validated_model`)
-            lora.hold_frozen(self.model, self.dtype)
+        self.prepare_model(resume, restart)
         # The weights of record: validated, saved as "model", translated.
         self.average = WeightAverage(self.model, t.ema_decay) if t.ema_decay else None
         # Read by the budget schedules; `clock` is the main rank's elapsed time (see update).
@@ -192,12 +183,32 @@ class Trainer:
         self.metrics: MetricsLog | None = None  # the main rank's (restore opens it on resume)
         try:
             self.start(resume)
+            distributed.agree(dd)  # (DDP's first broadcast: every rank is ready for it)
             self.net = self.training_module()
         except BaseException:
             self.close()  # a prefetching thread started above
             raise
         self.stop_requested = False
         self.resumed = resume
+
+    def prepare_model(self, resume: bool, restart: bool) -> None:
+        """The model to train (`self.model`): built for the run's tokenizer, given its first
+        weights (a fine-tune's), LoRA's adapters, then sharded if asked."""
+        t = self.config.train
+        self.model = build_model(self.config, self.tokenizer).to(self.device)
+        self.base: dict[str, str] | None = None  # a LoRA run's base.pt record
+        # A LoRA run's validation: a plain copy to merge into, and base.pt's weights.
+        self.validation_copy: tuple[torch.nn.Module, dict[str, Tensor]] | None = None
+        if t.init and not resume:
+            self.load_starting_weights(restart)
+        # LoRA: adapters on the model, the rest frozen; the optimizer holds what trains.
+        self.trained = lora.adapt(self.model, self.config, self.tokenizer) if t.lora.rank else []
+        self.model.to(self.device)
+        if t.shard:  # before the optimizer, which holds the shards; rank 0's weights broadcast
+            distributed.agree(self.dist)
+            shard.shard_model(self.model, t.shard, self.dist, self.device)
+        if t.lora.rank:  # (validation decodes a merged copy: `validated_model`)
+            lora.hold_frozen(self.model, self.dtype)
 
     def start(self, resume: bool) -> None:
         """The state to train on from: the last checkpoint's, or a new run's first batches."""
@@ -628,14 +639,21 @@ class Trainer:
 
     def validated_model(self) -> torch.nn.Module | None:
         """What validation decodes where it is not the model of record: a LoRA run's model as
-        every command decodes it, its base with the adapters merged, built as
-        `load_for_inference` builds it from a checkpoint (merged in float32 from RUN/base.pt,
-        where the frozen weights trained held in bf16; `lora.merged_copy`). None otherwise."""
+        every command decodes it, its base with the adapters merged, as `load_for_inference`
+        merges them from a checkpoint (in float32 from RUN/base.pt, where the frozen weights
+        trained held in bf16; `lora.merge_into`). The copy it merges into and base.pt's
+        weights are made and read once, at the first validation. None otherwise."""
         if not self.base:
             return None
-        plain = self.plain_model().to(self.device)
-        names, path = self.trained, self.run.checkpoints / "last.pt"
-        return lora.merged_copy(self.model, plain, self.base, path, names, self.rows, self.config)
+        path = self.run.checkpoints / "last.pt"
+        if self.validation_copy is None:
+            self.validation_copy = (
+                self.plain_model().to(self.device),
+                lora.base_weights({"base": self.base}, path),
+            )
+        plain, base = self.validation_copy
+        names, rows = self.trained, self.rows
+        return lora.merge_into(plain, self.model, base, path, names, rows, self.config)
 
     @torch.no_grad()
     def validate(self, model: torch.nn.Module | None = None) -> dict[str, float]:
