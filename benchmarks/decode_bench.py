@@ -22,7 +22,7 @@ from benchmarks.common import OUT, SHARED, print_table
 from benchmarks.uncached import uncached_start
 from cli.device import autocast_dtype
 from cli.inference.decoding import cached_start, encode_sources, translate_ids
-from cli.training.checkpoint import load_for_inference
+from cli.runs.models import load_for_inference
 from data.corpus import load_corpus
 
 

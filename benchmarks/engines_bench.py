@@ -29,7 +29,7 @@ from cli.exporters.ctranslate2 import export_ctranslate2
 from cli.inference.decoding import encode_sources
 from cli.inference.engines import load_engine
 from cli.inference.scoring import score
-from cli.training.checkpoint import load_for_inference
+from cli.runs.models import load_for_inference
 from data.corpus import load_corpus
 from model.int8 import Int8Linear, quantize_linears
 

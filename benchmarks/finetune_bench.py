@@ -174,9 +174,9 @@ def child_transformers(
     docstring), timed after two warm-up updates; with `lora_rank`, through peft's LoRA on the
     attention projections (alpha 16, as tf's default), AdamW over the adapters."""
     from cli.config import load_config
-    from cli.training.checkpoint import with_init
     from cli.training.data import batching
     from cli.training.distributed import Dist
+    from cli.training.init import with_init
     from data.pipeline import prepare_training_data
 
     overrides = sets + [f"train.init={run}"]

@@ -34,7 +34,7 @@ from pathlib import Path
 from benchmarks.common import OUT, ROOT, cpu_name, print_table
 
 # What `tf import` imports before it reads a byte of a model: the baseline of any import.
-IMPORTS = "from cli.importers.families import import_model; from transformers import M2M100Config"
+IMPORTS = "from cli.families.registry import import_model; from transformers import M2M100Config"
 
 
 def standin(root: Path, size: str) -> Path:
@@ -93,7 +93,7 @@ def parameter_bytes(run: Path) -> int:
     """The bytes of the imported model's parameters (each tied matrix once)."""
     import torch
 
-    from cli.training.checkpoint import load_for_inference
+    from cli.runs.models import load_for_inference
 
     model, _, _ = load_for_inference(run, torch.device("cpu"))
     return sum(p.numel() * p.element_size() for p in model.parameters())

@@ -87,8 +87,8 @@ def child_paired(directory: Path, imported: Path, sets: list[str], updates: int)
     what `tf train` runs at each step; the learning-rate schedule stays at its first step
     (`Trainer.fit`, which advances it, is not run), which costs the same."""
     from cli.config import load_config
-    from cli.training.checkpoint import with_init
     from cli.training.distributed import Dist
+    from cli.training.init import with_init
     from cli.training.run import start_run
     from cli.training.trainer import Trainer
 

@@ -21,7 +21,7 @@ from benchmarks.train_bench import build, time_pass
 from cli.config import load_config
 from cli.device import configure_device
 from cli.inference.decoding import encode_sources, translate_ids
-from cli.training.checkpoint import load_for_inference
+from cli.runs.models import load_for_inference
 
 CONFIGS = ("tiny", "small", "base")
 LENGTHS = ((1, 15), (16, 30), (31, 45), (46, 60), (61, 120))  # source pieces, inclusive

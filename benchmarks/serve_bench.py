@@ -11,7 +11,7 @@ again and again (the issue's ApacheBench setting), and the test set's sentences,
 `--ab` checks the first load with ApacheBench itself (`ab -c 32`), where `ab` is installed.
 
     python -m benchmarks.serve_bench [--run RUN] [--sentences 300] [--clients 1,8,32,64]
-        [--precisions fp32,bf16] [--ab] [--schedule groups|steps] [--workers N]
+        [--precisions fp32,bf16] [--ab] [--workers N]
 """
 
 from __future__ import annotations
@@ -47,12 +47,11 @@ def run(
     precisions: tuple[str, ...] = ("fp32", "bf16"),
     out: Path = OUT,
     ab: bool = False,
-    schedule: str = "groups",
     workers: int = 0,
 ) -> dict:
     """Every engine, precision, load and number of clients, for one model (`tf serve
-    --schedule SCHEDULE --workers WORKERS`, 0: its default). At each number of
-    clients every sentence of the load is sent once.
+    --workers WORKERS`, 0: its default). At each number of clients every sentence of the load
+    is sent once.
 
     Returns:
         {"sentences", "cpu", "clients", "precisions", "notes" (what was left out, and why),
@@ -79,11 +78,7 @@ def run(
         before = reference_rates(run_dir, loads, device, precision)
         served_by: dict = {}
         for engine, path in engines_for(run_dir, peer, precision, device, notes).items():
-            # (a CTranslate2 directory is always served in whole groups)
-            how = schedule if engine == "tf" else "groups"
-            served_by[engine] = under_server(
-                path, loads, clients, device, precision, ab, how, workers
-            )
+            served_by[engine] = under_server(path, loads, clients, device, precision, ab, workers)
         after = reference_rates(run_dir, loads, device, precision)
         reference = {name: (before[name] + after[name]) / 2 for name in loads}
         results["translate"][precision] = reference
@@ -129,7 +124,7 @@ def ctranslate2_export(run_dir: Path, out: Path, notes: list[str]) -> Path | Non
     if importlib.util.find_spec("ctranslate2") is None:
         notes.append("ctranslate2: not importable (pip install 'tf[export]'), peer left out")
         return None
-    from cli.training.checkpoint import resolve_checkpoint
+    from cli.runs.model_dirs import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(str(run_dir))[0]
     # The run's path in the name: two runs called `small` (runs/, bench-out/) never share one.
@@ -199,12 +194,11 @@ def under_server(
     device: str,
     precision: str,
     ab: bool,
-    schedule: str = "groups",
     workers: int = 0,
 ) -> tuple[dict, dict | None]:
     """One `tf serve PATH --set decode.precision=PRECISION` under every load and number of
     clients ({load: {clients: figures}}), and ApacheBench's figures with `ab`."""
-    with served(path, device, [f"decode.precision={precision}"], schedule, workers) as port:
+    with served(path, device, [f"decode.precision={precision}"], workers) as port:
         post(port, loads["varied"][:1])  # the first search warms the model up
         figures = {
             name: {n: under_load(port, load, n) for n in clients} for name, load in loads.items()
@@ -214,16 +208,14 @@ def under_server(
 
 
 @contextmanager
-def served(
-    path: Path, device: str, overrides: list[str], schedule: str = "groups", workers: int = 0
-) -> Iterator[int]:
+def served(path: Path, device: str, overrides: list[str], workers: int = 0) -> Iterator[int]:
     """`tf serve PATH --set ...` on a free loopback port, until the block ends; yields the port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "cli.main", "serve", str(path), "--port", str(port)]
     command += ["--device", device, "--max-queue", str(1 << 24), "--timeout", "600"]
-    command += ["--schedule", schedule, "--workers", str(workers)]
+    command += ["--workers", str(workers)]
     command += [arg for item in overrides for arg in ("--set", item)]
     proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
@@ -359,7 +351,6 @@ def main() -> None:
     parser.add_argument("--precisions", type=words, default=("fp32", "bf16"))
     parser.add_argument("--device", default="auto")
     parser.add_argument("--ab", action="store_true", help="ApacheBench too (`ab` on PATH)")
-    parser.add_argument("--schedule", choices=("groups", "steps"), default="groups")
     parser.add_argument("--workers", type=int, default=0, help="tf serve --workers (0: its own)")
     args = parser.parse_args()
     if not set(args.precisions) <= {"fp32", "bf16"}:
@@ -367,7 +358,7 @@ def main() -> None:
     run_dir = args.run or default_run()
     sentences = source_sentences(args.sentences)
     r = run(run_dir, sentences, args.clients, args.device, args.precisions, ab=args.ab,
-            schedule=args.schedule, workers=args.workers)  # fmt: skip
+            workers=args.workers)  # fmt: skip
     print_results(r)
 
 

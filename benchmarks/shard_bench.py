@@ -30,8 +30,8 @@ from torch.nn.parallel import DistributedDataParallel
 from benchmarks.common import cpu_name, print_table
 from benchmarks.train_bench import peak_resident_mb
 from cli.config import load_config
+from cli.runs.models import build_model
 from cli.training import distributed, shard
-from cli.training.checkpoint import build_model
 from cli.training.optim import build_optimizer
 from cli.training.trainer import batch_loss
 from data.batching import collate

@@ -45,7 +45,11 @@ InputFormat = Annotated[
     str,
     typer.Option(
         help='text: one sentence a line; jsonl: {"text": ..., "prefix": ..., '
-        '"constraints": [...]} a line (the output starts with prefix, holds each constraint).'
+        '"constraints": [...]} a line (the output starts with prefix, holds each constraint); '
+        "document: plain text read whole, as paragraphs (blank lines between them; the lines "
+        "of a paragraph flow into each other, so a file of one sentence a line without blank "
+        "lines is one paragraph: use text for that), written back with its layout; srt: "
+        "SubRip subtitles, numbers and timings kept."
     ),
 ]
 Runs = Annotated[
@@ -125,7 +129,7 @@ def user_errors(fn):
         except BrokenPipeError:  # `tf translate ... | head`
             sys.stderr.close()
             raise typer.Exit(0) from None
-        except KeyboardInterrupt:  # Ctrl-C (training saves first: see Trainer.signals_stop)
+        except KeyboardInterrupt:  # Ctrl-C (training saves first: see stopping.Signals)
             typer.echo("", err=True)
             raise typer.Exit(130) from None
 
@@ -207,6 +211,16 @@ def translate(
     set_: DecodeSet = None,
     scores: Annotated[bool, typer.Option(help="Print each hypothesis' score.")] = False,
     input_format: InputFormat = "text",
+    document: Annotated[
+        bool, typer.Option("--document", help="Same as --input-format document.")
+    ] = False,
+    srt_cues: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="srt: a sentence running over several cues is translated once and spread "
+            "back over them (spread, the default), or each cue is translated alone (alone)."
+        ),
+    ] = None,
     device: Device = "auto",
     int8: Int8 = False,
     to: To = "",
@@ -215,13 +229,16 @@ def translate(
     attention_layer: AttentionLayer = None,
     attention_head: AttentionHead = None,
 ) -> None:
-    """Translate raw text line by line (stdin to stdout by default)."""
+    """Translate raw text line by line (stdin to stdout by default), or a whole document
+    (--document, --input-format srt). Nothing is cut: a line longer than the model takes is
+    translated in parts (at its sentences) and joined."""
     from cli.commands.translate import run_translate
     from cli.inference.decoding import decode_overrides
     from cli.inference.heatmaps import attention_options
 
     overrides = decode_overrides(beam, greedy, nbest, lenpen, set_ or [])
     pictures = attention_options(attention, attention_layer, attention_head)
+    input_format = document_format(document, input_format, srt_cues)
     run_translate(
         runs,
         input,
@@ -234,7 +251,19 @@ def translate(
         input_format=input_format,
         to=to,
         frm=frm,
+        srt_cues=srt_cues or "spread",
     )
+
+
+def document_format(document: bool, input_format: str, srt_cues: str | None) -> str:
+    """The input format `--document` and `--input-format` name together (`--document` is
+    `--input-format document`); `--srt-cues` only with srt."""
+    if document and input_format not in ("text", "document"):
+        raise InputError(f"--document and --input-format {input_format} contradict; give one")
+    chosen = "document" if document else input_format
+    if srt_cues is not None and chosen != "srt":
+        raise InputError(f"--srt-cues is for --input-format srt, not {chosen}")
+    return chosen
 
 
 @app.command("eval")
@@ -287,12 +316,8 @@ def serve(
     int8: Int8 = False,
     max_lines: Annotated[int, typer.Option(help="Most sentences in one request.")] = 256,
     max_wait: Annotated[
-        float | None,
-        typer.Option(
-            help="--schedule groups: milliseconds a batch waits for other requests to join"
-            " [default: 20]."
-        ),
-    ] = None,
+        float, typer.Option(help="Milliseconds a batch waits for other requests to join.")
+    ] = 20.0,
     max_queue: Annotated[
         int,
         typer.Option(help="Source tokens x beam that may wait; past it a request gets 503."),
@@ -307,31 +332,16 @@ def serve(
             " on CPUs each in a process with its own copy of the model."
         ),
     ] = 0,
-    max_rows: Annotated[
-        int | None,
-        typer.Option(
-            help="--schedule steps: live rows (sentences x beam) each search worker steps at"
-            " once; more wait to join at a later step [default: 256]."
-        ),
-    ] = None,
-    schedule: Annotated[
-        str,
-        typer.Option(
-            help="groups: concurrent requests searched together, whole; steps: each request"
-            " joins a running search at its next step (continuous batching; tf's own engine)."
-        ),
-    ] = "groups",
     to: To = "",
     frm: From = "",
 ) -> None:
     """Translate over HTTP: POST /translate {"text": [...], "beam": 5, "to": "en"}, GET /health,
     a page at /."""
-    from cli.commands.serve import Limits, run_serve, schedule_limits
+    from cli.commands.serve import Limits, run_serve, wait_seconds
     from cli.inference.decoding import decode_overrides
 
-    wait, rows = schedule_limits(schedule, max_wait, max_rows)
     overrides = decode_overrides(beam, False, None, None, set_ or [])
-    limits = Limits(max_lines, wait, max_queue, timeout, workers, max_rows=rows, schedule=schedule)
+    limits = Limits(max_lines, wait_seconds(max_wait), max_queue, timeout, workers)
     run_serve(runs, host, port, overrides, device, int8, limits, to, frm)
 
 

@@ -22,12 +22,13 @@ decoder starts from `<pad>` (`model.decoder_start: pad`).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import sentencepiece as spm
 
 from data.errors import InputError
-from data.files import read_json_object
+from data.files import read_json_object, write_json
 from data.tokenizer_base import (
     THREADS,
     BaseTokenizer,
@@ -57,7 +58,9 @@ class MarianTokenizer(BaseTokenizer):
     unless two vocabularies give them others).
     """
 
+    title = "Marian"  # as messages name the kind
     lang_token = ">>{lang}<<"  # OPUS-MT's: `_is_language_token`'s pieces are its tags
+    hf_class = "MarianTokenizer"
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -156,6 +159,37 @@ class MarianTokenizer(BaseTokenizer):
 
     def tgt_vocabulary(self) -> list[str]:
         return list(self._tgt_pieces)
+
+    def vocabulary_words(self) -> str:
+        return "Marian's vocabulary over SentencePiece"
+
+    def save_settings(self, directory: Path, src_lang: str, tgt_lang: str) -> None:
+        """tokenizer_config.json: its vocabularies (`separate_vocabs`) and the run's languages."""
+        settings = {"separate_vocabs": self.separate}
+        settings |= {"source_lang": src_lang, "target_lang": tgt_lang}
+        (directory / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=1) + "\n")
+
+    def save_hf_config(
+        self, directory: Path, max_positions: int, src_lang: str, tgt_lang: str
+    ) -> None:
+        """The tokenizer_config.json that makes `AutoTokenizer` a MarianTokenizer over the
+        files."""
+        settings = {
+            "tokenizer_class": self.hf_class,
+            "source_lang": src_lang,
+            "target_lang": tgt_lang,
+            "separate_vocabs": self.separate,
+            "model_max_length": max_positions,
+        }
+        with open(directory / TOKENIZER_CONFIG, "w", encoding="utf-8") as f:
+            json.dump(settings, f, indent=1)
+
+    def append_tokens(self, tokens: list[str]) -> None:
+        """Each a piece of vocab.json at its size (target_vocab.json, a second vocabulary's, is
+        the decoder's: a language token is never a target)."""
+        vocab = read_json_object(self.directory / VOCAB)
+        added = {t: len(vocab) + i for i, t in enumerate(tokens)}
+        write_json(self.directory / VOCAB, vocab | added)
 
     def __repr__(self) -> str:
         sizes = f"{self.src_vocab_size}" + (f"/{self.tgt_vocab_size}" if self.separate else "")

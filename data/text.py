@@ -79,7 +79,7 @@ def read_line_blocks(stream: BinaryIO, source: str, size: int = _BLOCK) -> Itera
                 rest = block
                 continue
             block, rest = block[:end], block[end + 1 :]
-            lines = _decode(block, before, source).split("\n")
+            lines = decode_text(block, before, source).split("\n")
             if b"\r" in block:
                 lines = [line[:-1] if line.endswith("\r") else line for line in lines]
             if before == 0:
@@ -87,13 +87,13 @@ def read_line_blocks(stream: BinaryIO, source: str, size: int = _BLOCK) -> Itera
             before += len(lines)
             yield lines
         if rest:  # a last line without a line feed keeps a carriage return at its end
-            line = _decode(rest, before, source)
+            line = decode_text(rest, before, source)
             yield [line.removeprefix(BOM) if before == 0 else line]
     except (gzip.BadGzipFile, EOFError, zlib.error) as err:
         raise InputError(f"{source}: not a readable gzip file ({err})") from None
 
 
-def _decode(block: bytes, before: int, source: str) -> str:
+def decode_text(block: bytes, before: int, source: str) -> str:
     """UTF-8 text of whole lines, without a NUL; the error names the line (counted from
     `before`)."""
     try:

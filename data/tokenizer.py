@@ -39,6 +39,9 @@ TOKENIZER_SETTINGS = "settings.json"  # beside the model(s): what they were trai
 SRC_MODEL = "src.model"
 TGT_MODEL = "tgt.model"
 MODEL_TYPES = ("bpe", "unigram")
+# The imported models' kinds, each with what says a directory holds it, in the order they are
+# told apart: M2M100's vocab.json is a Marian file's name too.
+IMPORTED = ((FairseqTokenizer, is_fairseq_tokenizer), (MarianTokenizer, is_marian_tokenizer))
 
 
 def train_tokenizer(
@@ -196,8 +199,7 @@ class Tokenizer(BaseTokenizer):
         return (
             (directory / JOINT_MODEL).is_file()
             or (directory / SRC_MODEL).is_file()
-            or is_fairseq_tokenizer(directory)
-            or is_marian_tokenizer(directory)
+            or any(holds(directory) for _, holds in IMPORTED)
         )
 
     @classmethod
@@ -214,17 +216,12 @@ class Tokenizer(BaseTokenizer):
         directory = Path(directory)
         joint = directory / JOINT_MODEL
         src, tgt = directory / SRC_MODEL, directory / TGT_MODEL
-        imported = (
-            FairseqTokenizer
-            if is_fairseq_tokenizer(directory)
-            else MarianTokenizer
-            if is_marian_tokenizer(directory)
-            else None
-        )
+        imported = next((kind for kind, holds in IMPORTED if holds(directory)), None)
         if imported is not None:
             if joint.is_file() or src.is_file():
-                name = "Marian" if imported is MarianTokenizer else "NLLB/M2M100/mBART-50"
-                raise InputError(f"{directory}: holds both a {name} tokenizer and tf's own")
+                raise InputError(
+                    f"{directory}: holds both a {imported.title} tokenizer and tf's own"
+                )
             return imported(directory)
         if joint.is_file() and (src.is_file() or tgt.is_file()):
             raise InputError(f"{directory}: holds both {JOINT_MODEL} and {SRC_MODEL}/{TGT_MODEL}")
@@ -236,6 +233,29 @@ class Tokenizer(BaseTokenizer):
             f"{directory}: no tokenizer here "
             f"(expected {JOINT_MODEL}, or {SRC_MODEL} and {TGT_MODEL})"
         )
+
+    def save_settings(self, directory: Path, src_lang: str, tgt_lang: str) -> None:
+        """Nothing: tf's own models are all there is (no transformers settings)."""
+
+    def save_hf_config(
+        self, directory: Path, max_positions: int, src_lang: str, tgt_lang: str
+    ) -> None:
+        """Nothing: an export ships tf's models as a fast tokenizer of their own
+        (`hf_class` None, `cli.exporters.hf_tokenizer`), whose tokenizer_config.json it writes."""
+
+    def append_tokens(self, tokens: list[str]) -> None:
+        """Each a user-defined piece appended to the source's SentencePiece model (joint.model,
+        or src.model: a language token is a source piece), which SentencePiece takes whole
+        wherever it stands in the list."""
+        from sentencepiece import sentencepiece_model_pb2 as pb
+
+        path = self.model_paths()[0]
+        proto = pb.ModelProto()
+        proto.ParseFromString(path.read_bytes())
+        user_defined = pb.ModelProto.SentencePiece.USER_DEFINED
+        for token in tokens:
+            proto.pieces.add(piece=token, score=0.0, type=user_defined)
+        path.write_bytes(proto.SerializeToString())
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         """Source sentences to piece ids; no BOS/EOS added. The tags a line starts with

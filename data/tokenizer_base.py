@@ -47,6 +47,10 @@ class BaseTokenizer(ABC):
             filled in (an OPUS-MT vocabulary's ">>{lang}<<", the only pieces it reads as
             tags), or None: a run's `data.lang_token` says.
         threads: SentencePiece's threads per `encode_*` call.
+        hf_class: the transformers class that reads the kind's own files (an imported model's:
+            "MarianTokenizer", "NllbTokenizer" ...), which a Hugging Face export ships as they
+            are; None for tf's own SentencePiece models, which it ships as a fast tokenizer
+            built from them (`cli.exporters.hf_tokenizer`).
     """
 
     directory: Path
@@ -62,6 +66,7 @@ class BaseTokenizer(ABC):
     src_lang: str | None = None
     lang_token: str | None = None
     threads: int = THREADS
+    hf_class: str | None = None
     _paths: list[Path]  # the files that make the tokenizer what it is: `model_paths`
 
     @abstractmethod
@@ -154,6 +159,35 @@ class BaseTokenizer(ABC):
                 f"{len(self.languages)}{hint}"
             )
         return self.tags[self.languages[language]]
+
+    def vocabulary_words(self) -> str | None:
+        """The kind's vocabulary in words, as a model card names it after its size ("Marian's
+        vocabulary over SentencePiece"); None for tf's own, which the run's settings name."""
+        return None
+
+    @abstractmethod
+    def save_settings(self, directory: Path, src_lang: str, tgt_lang: str) -> None:
+        """What tf reads of transformers' settings, written beside a copy of the kind's files
+        in `directory` (an import's run/tokenizer/), the run's default languages among them
+        where the kind keeps them."""
+
+    @abstractmethod
+    def save_hf_config(
+        self, directory: Path, max_positions: int, src_lang: str, tgt_lang: str
+    ) -> None:
+        """tokenizer_config.json beside a copy of the kind's own files in a Hugging Face export
+        (`directory`): the class that reads them (`hf_class`), the longest source, the
+        languages."""
+
+    def check_growable(self) -> None:
+        """Raise InputError where the kind cannot take new tokens at the next ids (a new
+        language's, `data.added_tokens`); every kind can unless it says otherwise."""
+        return None
+
+    @abstractmethod
+    def append_tokens(self, tokens: list[str]) -> None:
+        """Append `tokens` to the kind's files in `directory` (a run's own copy), each at the
+        next id, in the form the kind's files keep (`data.added_tokens`)."""
 
     def model_paths(self) -> list[Path]:
         """The files the tokenizer is read from (an import copies them into the run)."""

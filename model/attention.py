@@ -86,10 +86,6 @@ class StepCache:
         self.rows = 0
         self.tables: list[Tensor] = []  # 2L of (N_b, H, steps, D/H); [] before the first step
         self.spare: list[Tensor] = []
-        # (N,) long, the column of each row's first position, or None: all at 0. A row that
-        # joined a running search (`admit`) starts at a later column and sees none before it.
-        self.starts: Tensor | None = None
-        self._keep: tuple[int, Tensor] | None = None  # `keep`'s bias, for the length it was made
 
     def layer(self, layer: int) -> LayerStepCache:
         """What layer `layer`'s self-attention appends to and reads."""
@@ -131,57 +127,6 @@ class StepCache:
         self.tables[2 * layer + 1][:N, :, start:end] = values
         self.lengths[layer] = end
 
-    def keep(self, length: int) -> Tensor | None:
-        """The additive keep-mask (`keep_bias`) of self-attention over the first `length`
-        columns, (N, 1, 1, length): -inf before each row's start; None when every row starts
-        at 0. Made once a step, for all layers."""
-        if self.starts is None:
-            return None
-        if self._keep is None or self._keep[0] != length:
-            columns = torch.arange(length, device=self.starts.device)
-            hidden = columns[None, :] < self.starts[:, None]  # (N, length)
-            dtype = self.tables[0].dtype if self.tables else torch.float32
-            bias = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device)
-            self._keep = (length, bias.masked_fill_(hidden, float("-inf"))[:, None, None, :])
-        return self._keep[1]
-
-    def admit(self, rows: int, device: torch.device) -> None:
-        """`rows` new rows after the live ones, between steps: their first position goes to
-        the next column, and the columns before it are hidden from them (`keep`). Their part
-        of the tables is zeroed, so that the hidden columns hold numbers, never NaN."""
-        self._check_live()
-        if len(set(self.lengths)) > 1:
-            raise RuntimeError(f"a StepCache admitted rows mid-step: layers hold {self.lengths}")
-        n, t = self.rows, self.lengths[0]
-        old = self.starts
-        if old is None:
-            old = torch.zeros(n, dtype=torch.long, device=device)
-        self.starts = torch.cat([old, torch.full((rows,), t, dtype=torch.long, device=device)])
-        self.rows, self._keep = n + rows, None
-        if not self.tables:
-            return
-        if self.tables[0].size(0) < n + rows:  # room for them: every table grown, the rows copied
-            capacity = max(n + rows, 2 * self.tables[0].size(0))
-            grown = [table.new_empty(capacity, *table.shape[1:]) for table in self.tables]
-            for new, table in zip(grown, self.tables):
-                new[:n, :, :t] = table[:n, :, :t]
-            self.tables, self.spare = grown, []
-        for table in self.tables:
-            table[n : n + rows, :, :t] = 0
-
-    def drop_columns(self, shift: int) -> None:
-        """Forget the first `shift` columns, which no row sees any more (each row's start is
-        at or past it): the positions move down, so a long-lived search's tables stay the
-        width of its live rows."""
-        self._check_live()
-        t = self.lengths[0]
-        for table in self.tables:
-            table[: self.rows, :, : t - shift] = table[: self.rows, :, shift:t].clone()
-        self.lengths = [length - shift for length in self.lengths]
-        if self.starts is not None:
-            self.starts = self.starts - shift
-        self._keep = None
-
     def reorder(self, index: Tensor, moved: Tensor | None = None) -> StepCache:
         """Row i of the result is row index[i] of this cache; index is (N',) long. Spends this
         cache (its tables become the result's, or its spares). With `moved` from
@@ -191,8 +136,6 @@ class StepCache:
             raise RuntimeError(f"a StepCache reordered mid-step: its layers hold {self.lengths}")
         result = StepCache(len(self.lengths), self.steps)
         result.lengths, result.rows = list(self.lengths), index.numel()
-        if self.starts is not None:
-            result.starts = self.starts.index_select(0, index)
         if not self.tables:
             return result
         n, t = index.numel(), self.lengths[0]
@@ -242,11 +185,6 @@ class LayerStepCache:
     @property
     def values(self) -> Tensor:
         return self.cache.view(2 * self.layer + 1)
-
-    @property
-    def keep(self) -> Tensor | None:
-        """What the layer's keys are masked with (`StepCache.keep`), or None."""
-        return self.cache.keep(self.cache.lengths[self.layer])
 
 
 def decoding_dtype(keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
@@ -513,7 +451,6 @@ class SelfAttention(MultiheadAttention):
         if cache is not None:
             cache.append(*decoding_dtype(k, v))
             k, v = cache.keys, cache.values  # (B, H, t + T, D/H)
-            keep = cache.keep  # rows that joined a running search see their own columns only
         return self._attend(q, k, v, keep, is_causal)
 
 

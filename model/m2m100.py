@@ -23,14 +23,21 @@ import torch
 from model.bart_family import hf_weights, tf_weights
 from model.transformer import Transformer
 
-__all__ = ["LAYOUT", "m2m100_weights", "tf_weights"]
+__all__ = ["LAYOUT", "m2m100_weights", "position_offset", "tf_weights"]
 
-# The switches of every M2M100 model. The offset is padding_idx + 1: 2, as pad_token_id is 1 in
-# every published model (`create_position_ids_from_input_ids` counts from padding_idx + 1).
+
+def position_offset(pad_id: int) -> int:
+    """The position table's first row: padding_idx + 1, from which
+    `create_position_ids_from_input_ids` counts a sentence's tokens."""
+    return pad_id + 1
+
+
+# The switches of every M2M100 model, its offset that of pad_token_id 1 (every published
+# model's: `position_offset` of another pad).
 LAYOUT = dict(
     norm_first=True,
     positions="fairseq",
-    position_offset=2,
+    position_offset=position_offset(1),
     decoder_start="eos",
     tie_embeddings="all",
     output_bias=False,

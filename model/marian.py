@@ -15,7 +15,25 @@ import torch
 from model.bart_family import hf_weights, reorder_vocabulary, tf_weights
 from model.transformer import Transformer
 
-__all__ = ["marian_weights", "reorder_vocabulary", "tf_weights"]
+__all__ = ["LAYOUT", "marian_weights", "position_offset", "reorder_vocabulary", "tf_weights"]
+
+
+def position_offset(pad_id: int) -> int:
+    """The position table's first row: Marian's sinusoids start at position 0, whatever the
+    pad."""
+    return 0
+
+
+# The switches of every Marian model (its embeddings' tying is its config.json's).
+LAYOUT = dict(
+    norm_first=False,
+    positions="halves",
+    position_offset=position_offset(0),
+    scale_embedding=True,
+    layernorm_embedding=False,
+    output_bias=True,
+    decoder_start="pad",
+)
 
 
 def marian_weights(model: Transformer) -> dict[str, torch.Tensor]:

@@ -22,13 +22,21 @@ import torch
 from model.bart_family import hf_weights, tf_weights
 from model.transformer import Transformer
 
-__all__ = ["LAYOUT", "mbart_weights", "tf_weights"]
+__all__ = ["LAYOUT", "mbart_weights", "position_offset", "tf_weights"]
 
-# The switches of every mBART model (the offset is transformers' constant, whatever the pad).
+OFFSET = 2  # transformers' `MBartLearnedPositionalEmbedding.offset`
+
+
+def position_offset(pad_id: int) -> int:
+    """The position table's first row: transformers' constant, whatever the pad."""
+    return OFFSET
+
+
+# The switches of every mBART model.
 LAYOUT = dict(
     norm_first=True,
     positions="learned",
-    position_offset=2,
+    position_offset=OFFSET,
     layernorm_embedding=True,
     output_bias=True,
     decoder_start="eos",

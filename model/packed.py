@@ -1,15 +1,14 @@
 """Linear layers for decoding on a CPU, through oneDNN with their weights packed once.
 
-PyTorch runs a float32 linear layer on the CPU through MKL's sgemm, which on the 2-core AMD
-EPYC this was measured on made 140-190 GFLOPS at a decoding step's shapes; oneDNN with the
-weight reordered once into its blocked layout (the kernels `torch.compile` uses on CPUs,
-`mkldnn._linear_pointwise`) made 270-440, the same float32 arithmetic in another order
-(errors of 5e-5 against float64 where MKL's are 3e-5). Under bf16 autocast, a weight packed in
-bf16 gives autocast's result exactly, without its cast of the weight and its reorder at every
-call. `pack_linears` gives a model such layers for decoding (`tf translate` of the test set,
-`small`, beam 5: fp32 23 s -> 15 s, bf16 19.8 s -> 16.5 s); training, other dtypes and
-anything needing gradients go through `F.linear` on the weights they keep, so a packed model
-computes anything a plain one does.
+PyTorch runs a float32 linear layer on the CPU through MKL's sgemm; oneDNN with the weight
+reordered once into its blocked layout (the kernels `torch.compile` uses on CPUs,
+`mkldnn._linear_pointwise`) runs a decoding step's shapes faster, the same float32 arithmetic
+in another order (its errors against float64 of the same size as MKL's). Under bf16 autocast,
+a weight packed in bf16 gives autocast's result exactly, without its cast of the weight and
+its reorder at every call. `pack_linears` gives a model such layers for decoding; training,
+other dtypes and anything needing gradients go through `F.linear` on the weights they keep,
+so a packed model computes anything a plain one does. (The rates and times measured are in
+docs/performance.md.)
 
 oneDNN builds a kernel per input shape, as in half precision: decoding a packed model pads
 its shapes (`cli.inference.shapes`).
@@ -27,12 +26,8 @@ from torch import Tensor, nn
 log = logging.getLogger(__name__)
 
 # Below this many multiply-adds (rows x inputs x outputs) a float32 layer runs MKL's sgemm on
-# its plain weight: a call to oneDNN costs some 35 us more than one to MKL (1 to 4 rows of any
-# of `small`'s layers: 40-55 us against 12-25), which it wins back on larger products only.
-# MKL was the faster up to 12 rows of the (1024, 256) layer (3.1 M), 16 of (256, 1024) (4.2
-# M), 2 to 4 of the (8000, 256) output layer (4-8 M); 2 cores, Xeon with AMX. The test set
-# translated one sentence at a time, `small`: greedy 0.72x the time, beam 5 0.83x, the same
-# translations (a batch's steps, of hundreds of rows, run as before but for its last ones).
+# its plain weight: a call to oneDNN costs a fixed time more than one to MKL, which it wins
+# back on larger products only (the crossing measured: docs/performance.md).
 SMALL_MACS = 1 << 22
 
 
@@ -50,8 +45,6 @@ class PackedLinear(nn.Module):
     """y = x W^T + b with W packed for oneDNN in `dtype`: float32, or bfloat16 for decoding
     under CPU autocast (whose result it equals exactly, without casting W at every call).
     `weight` and `bias` stay for everything else: gradients, other dtypes and devices."""
-
-    bucket_rows = False  # pad a step's rows to a few sizes (`packed_linear`)
 
     def __init__(self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -74,29 +67,9 @@ class PackedLinear(nn.Module):
         return self.packed_linear(x, relu)
 
     def packed_linear(self, x: Tensor, relu: bool = False) -> Tensor:
-        """oneDNN's kernel on the packed weight, x already in `dtype`. With `bucket_rows`, a
-        decoding step's rows (x (N, 1, D) or (N, D)) are padded to `bucket(N)`, so that
-        oneDNN meets a few shapes whatever rows a search holds: `tf serve --schedule steps`,
-        whose rows change at every step as sentences join and leave, met a new shape (a new
-        kernel) nearly every step. `tf translate` pads its states itself
-        (`cli.inference.shapes`), and padding its beams' rows again cost it time."""
+        """oneDNN's kernel on the packed weight, x already in `dtype`."""
         post = "relu" if relu else "none"
-        rows = x.numel() // x.size(-1)
-        padded = bucket(rows) if self.bucket_rows else rows
-        if padded == rows or not (x.dim() == 2 or x.size(-2) == 1):
-            return torch.ops.mkldnn._linear_pointwise(
-                x, self.packed, self.packed_bias, post, [], ""
-            )
-        flat = F.pad(x.reshape(rows, x.size(-1)), (0, 0, 0, padded - rows))
-        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.packed_bias, post, [], "")
-        return y[:rows].reshape(*x.shape[:-1], self.out_features)
-
-
-def bucket(n: int) -> int:
-    """n rounded up to one of eight sizes per doubling: exact below 16, then multiples of 2,
-    4, 8...: at most 1/8 more rows, about 1/24 more on average."""
-    step = 1 << max(0, n.bit_length() - 4)
-    return -(-n // step) * step
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.packed_bias, post, [], "")
 
 
 def _then_relu(y: Tensor, relu: bool) -> Tensor:
@@ -105,8 +78,7 @@ def _then_relu(y: Tensor, relu: bool) -> Tensor:
 
 def linear_activation(linear: nn.Module, activation: Callable[[Tensor], Tensor], x: Tensor):
     """activation(linear(x)). A packed layer runs ReLU in its kernel, as oneDNN's post-op on
-    the float32 sums: the same numbers without another pass over the (N, d_ff) activations
-    (600 rows of `small`'s first FFN layer: 0.83 -> 0.74 ms, 2 cores)."""
+    the float32 sums: the same numbers without another pass over the (N, d_ff) activations."""
     if activation is F.relu and isinstance(linear, PackedLinear):
         return linear(x, relu=True)
     return activation(linear(x))

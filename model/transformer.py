@@ -202,17 +202,12 @@ class Embedding(nn.Module):
         self.norm = nn.LayerNorm(D, eps=config.norm_eps) if config.layernorm_embedding else None
         self.dropout = Dropout(config.dropout)
 
-    def forward(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:
-        """Embed ids (B, T) at positions start .. start + T - 1 -> (B, T, D); `start` is one
-        for all rows, or (B,) long, each row's (rows that joined a running search)."""
-        end = (start if isinstance(start, int) else int(start.max())) + ids.size(1)
+    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+        """Embed ids (B, T) at positions start .. start + T - 1 -> (B, T, D)."""
+        end = start + ids.size(1)
         if end > self.max_positions:
             raise ValueError(f"position {end - 1} is beyond max_positions {self.max_positions}")
-        if isinstance(start, int):
-            pe = self.positions[start + self.offset : end + self.offset]  # (T, D)
-        else:
-            columns = torch.arange(ids.size(1), device=ids.device)
-            pe = self.positions[start[:, None] + columns + self.offset]  # (B, T, D)
+        pe = self.positions[start + self.offset : end + self.offset]  # (T, D)
         if self.pad_has_no_position:
             pe = pe * (ids != self.token.padding_idx).unsqueeze(-1)  # (B, T, D)
         x = self.token(ids) * self.scale + pe
@@ -437,9 +432,6 @@ class DecoderCache:
     src_keep: Tensor | None  # (B, 1, 1, S) additive (`keep_bias`), built once per cache
     step: int = 0  # tokens fed so far = position of the next one
     group: int = 1  # rows per sentence: N = group * B
-    # A long-lived search's cross-attention tables with room for more sentences (`admit`):
-    # per layer (capacity, H, S, D/H) keys and values whose first B rows are `cross_attn`'s.
-    room: list[KVCache] | None = None
 
     def reorder(
         self, index: Tensor, group: int = 1, same_sentences: bool | None = None
@@ -461,88 +453,13 @@ class DecoderCache:
             cross = [kv.reorder(sentences, moved) for kv in cross]
             keep = None if keep is None else keep.index_select(0, sentences)
         moved = rows_to_move(index, self.self_attn.rows)
-        room = self.room  # kept while the rows stay in it (moved in place)
-        if room is not None and cross[0].keys.data_ptr() != room[0].keys.data_ptr():
-            room = None
         return DecoderCache(
             self_attn=self.self_attn.reorder(index, moved),
             cross_attn=cross,
             src_keep=keep,
             step=self.step,
             group=group,
-            room=room,
         )
-
-    def admit(self, joining: DecoderCache) -> DecoderCache:
-        """This cache with the sentences of `joining` (a fresh cache, no step fed) after its
-        own, `self.group` rows each, between two steps of a running search: each layer's
-        cross-attention keys and values written after this cache's (into `room`, its tables'
-        spare rows, which double when full: admitting a sentence copies that sentence, not
-        every other's), padded to the longer source (the padding masked), and self-attention's
-        rows added (`StepCache.admit`), their positions counted from this step. This cache is
-        spent."""
-        B, b = self.cross_attn[0].keys.size(0), joining.cross_attn[0].keys.size(0)
-        S = max(self.cross_attn[0].keys.size(2), joining.cross_attn[0].keys.size(2))
-        room = self.room
-        if room is None or room[0].keys.size(0) < B + b or room[0].keys.size(2) < S:
-            room = _room(self.cross_attn, max(B + b, 2 * B), S)
-        cross = []
-        for table, theirs in zip(room, joining.cross_attn, strict=True):
-            for spare, new in ((table.keys, theirs.keys), (table.values, theirs.values)):
-                s = new.size(2)
-                spare[B : B + b, :, :s] = new
-                spare[B : B + b, :, s:] = 0  # masked, but numbers: never NaN
-            cross.append(KVCache(table.keys[: B + b], table.values[: B + b]))
-        S = room[0].keys.size(2)
-        keep = [_pad_keep(c.src_keep, c.cross_attn[0].keys, S) for c in (self, joining)]
-        self.self_attn.admit(b * self.group, joining.cross_attn[0].keys.device)
-        return DecoderCache(self.self_attn, cross, torch.cat(keep), self.step, self.group, room)
-
-    def fit_source(self) -> None:
-        """Cross-attention over no more source columns than the longest live sentence's
-        (rounded up to a multiple of 8) where that is at most 3/4 of them: a long-lived
-        search's tables otherwise keep the width of the longest source since it started, and
-        every step attends over it."""
-        if self.src_keep is None:
-            return
-        S = self.src_keep.size(-1)
-        need = int((self.src_keep == 0).sum(-1).max())
-        need = min(S, -(-max(need, 1) // 8) * 8)
-        if 4 * need > 3 * S:
-            return
-        B = self.src_keep.size(0)
-        capacity = B if self.room is None else self.room[0].keys.size(0)
-        narrow = [KVCache(kv.keys[:, :, :need], kv.values[:, :, :need]) for kv in self.cross_attn]
-        self.room = _room(narrow, capacity, need)
-        self.cross_attn = [KVCache(r.keys[:B], r.values[:B]) for r in self.room]
-        self.src_keep = self.src_keep[..., :need].contiguous()
-
-    def drop_columns(self, shift: int) -> None:
-        """Forget self-attention's first `shift` columns (`StepCache.drop_columns`)."""
-        self.self_attn.drop_columns(shift)
-        self.step -= shift
-
-
-def _room(cross: list[KVCache], capacity: int, S: int) -> list[KVCache]:
-    """Each layer's cross-attention tables for `capacity` sentences over S >= the source
-    columns of `cross`, holding its sentences' keys and values first (zeros after their
-    columns)."""
-    room = []
-    for kv in cross:
-        B, H, s, d_head = kv.keys.shape
-        keys, values = (t.new_zeros(capacity, H, S, d_head) for t in (kv.keys, kv.values))
-        keys[:B, :, :s], values[:B, :, :s] = kv.keys, kv.values
-        room.append(KVCache(keys, values))
-    return room
-
-
-def _pad_keep(keep: Tensor | None, keys: Tensor, S: int) -> Tensor:
-    """A cross-attention keep bias (B, 1, 1, s) (None: nothing masked) over S >= s columns, the
-    added ones masked."""
-    B, s = keys.size(0), keys.size(2)
-    if keep is None:
-        keep = torch.zeros(B, 1, 1, s, dtype=keys.dtype, device=keys.device)
-    return F.pad(keep, (0, S - s), value=float("-inf"))
 
 
 class Transformer(nn.Module):
@@ -720,9 +637,7 @@ class Transformer(nn.Module):
 
         Shape: tokens (N,) long -> logits (N, V).
         """
-        starts = cache.self_attn.starts  # rows that joined later are at earlier positions
-        position = cache.step if starts is None else cache.step - starts
-        x = self.tgt_embed(tokens[:, None], start=position)  # (N, 1, D)
+        x = self.tgt_embed(tokens[:, None], start=cache.step)  # (N, 1, D)
         x = self.decoder(x, cache.cross_attn, cache.src_keep, cache=cache.self_attn)
         cache.step += 1
         return self.project(x[:, 0])  # (N, V)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_cli import assert_user_error, tf
 
-from cli.training.checkpoint import save_atomic
+from cli.runs.checkpoint import save_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 

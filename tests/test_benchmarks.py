@@ -137,6 +137,20 @@ def test_dropout_bench_runs_as_the_readme_shows(tmp_path):
     assert "`tiny` with model.dropout 0.1, fp32, 4 updates alternated" in printed
 
 
+def test_documents(trained, capsys):
+    """Document mode against line mode (issue 69, item 5) at the smoke size: every score and
+    both speeds, the units covering every verse."""
+    from benchmarks import documents_bench
+
+    r = documents_bench.run(str(trained), n_verses=30, repeats=1)
+    assert r["verses"] == 30 and r["paragraphs"] >= 4 and r["units"] <= 30
+    assert_numbers(r, ["document_verses_per_s", "verses_per_s", "throughput_ratio"])
+    for key in ("document_units", "verses_units", "paragraph_lines_now", "paragraph_lines_before"):
+        assert 0 <= r[key]["bleu"] <= 100 and 0 <= r[key]["chrf"] <= 100
+    documents_bench.table(r)
+    assert "verses/s" in capsys.readouterr().out
+
+
 def test_decode(out, trained, capsys):
     """Cached and uncached search, greedy and beam 5, over the same sentences."""
     r = MEASURED["decode"] = run.decode_section(SMOKE, out)
@@ -453,17 +467,3 @@ def test_lora_quality_runs_as_the_readme_shows_at_a_tiny_size(tmp_path, capsys):
     assert all(0 <= r["test_bleu"] <= 100 for r in results["runs"].values())
     lora_quality.print_results(results)
     assert "lora-2" in capsys.readouterr().out
-
-
-def test_join_parity_runs_as_the_readme_shows_at_a_tiny_size(trained, capsys):
-    """`python -m benchmarks.join_parity`: each sentence alone, in a batch and joined into a
-    running search; in fp32 the same tokens all three ways."""
-    from benchmarks import join_parity
-
-    lines = decode_bench.source_sentences(12)
-    results = join_parity.run(trained, lines, clients=4, precisions=("fp32",))
-    for pair in ("alone vs batch", "alone vs joined", "batch vs joined"):
-        assert results["fp32"][pair]["differing_lines"] == 0, pair
-        assert results["fp32"][pair]["max_relative_score_diff"] < 1e-4, pair
-    join_parity.print_results(results)
-    assert "alone vs joined" in capsys.readouterr().out

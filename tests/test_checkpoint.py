@@ -10,13 +10,15 @@ import torch
 
 from cli.commands.average import average_state_dicts, run_average
 from cli.config import TrainConfig
-from cli.training.checkpoint import (
+from cli.runs.checkpoint import (
     FORMAT,
     CheckpointError,
+    checkpoint_dict,
     load_checkpoint,
-    load_for_inference,
     save_atomic,
+    weights_only,
 )
+from cli.runs.models import load_for_inference
 from cli.training.optim import budget_decay, budget_used, build_optimizer, inverse_sqrt, noam
 
 
@@ -85,6 +87,19 @@ def ckpt(value: float) -> dict:
     }
 
 
+def test_a_checkpoint_dict_holds_what_every_reader_takes_then_the_rest():
+    """The format tag, the weights, the step (left out where there is none: a pruned
+    model's), the config and the tokenizer's digest, then what the writer adds."""
+    weights = {"w": torch.ones(2)}
+    ckpt = checkpoint_dict(weights, {"model": {}}, "abc", 3, optimizer={}, corpora={"c": "d"})
+    read = ["format", "model", "step", "config", "tokenizer_digest"]
+    assert list(ckpt) == [*read, "optimizer", "corpora"]
+    assert ckpt["format"] == FORMAT and ckpt["model"] is weights and ckpt["step"] == 3
+    pruned = checkpoint_dict(weights, {}, "abc", pruned_from="RUN")
+    assert "step" not in pruned and pruned["pruned_from"] == "RUN"
+    assert weights_only(weights) == {"format": FORMAT, "model": weights}
+
+
 @pytest.mark.parametrize("mmap", [False, True])
 def test_save_and_load_round_trip(tmp_path, mmap):
     save_atomic(ckpt(1.0), tmp_path / "a.pt")
@@ -135,7 +150,7 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_one(tmp_path):
     save_atomic(ckpt(1.0), path)
     child = textwrap.dedent(f"""
         import time, torch
-        from cli.training.checkpoint import save_atomic
+        from cli.runs.checkpoint import save_atomic
         real_save = torch.save
         def slow_save(obj, f):
             f.write(b"PK" * 1000)  # part of a file, then hang as if the disk were slow

@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from cli.main import app
-from cli.training.checkpoint import load_checkpoint
+from cli.runs.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -321,13 +321,17 @@ def test_streaming_in_chunks_changes_nothing(trained, tiny_prefix, monkeypatch):
     assert sizes == [3, 3, 1]  # the chunking really happened
 
 
-def test_over_long_line_is_truncated_with_one_warning(trained, caplog):
+def test_over_long_line_is_translated_in_parts_not_cut(trained, caplog):
+    """Issue 69: a line over the model's limit is translated in parts and joined, with one
+    note; nothing is cut (it was, with a warning)."""
+    caplog.set_level("INFO")
     long_line = " ".join(["palabra"] * 400)  # far over tiny.yaml's max_positions 256
     result = tf("translate", trained, "--greedy", input=f"hola\n{long_line}\n")
     assert result.exit_code == 0, result.output
     assert len(result.stdout.splitlines()) == 2
-    warnings = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]
-    assert len(warnings) == 1 and warnings[0].startswith("<stdin>:2:")
+    assert not [r for r in caplog.records if "truncated" in r.getMessage()]
+    notes = [r.getMessage() for r in caplog.records if "in parts" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].startswith("<stdin>: 1 line over the model's limit")
 
 
 def test_tf_keeps_the_memory_it_frees_for_its_next_allocations():

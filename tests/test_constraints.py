@@ -9,10 +9,16 @@ import pytest
 import torch
 from test_cli import assert_user_error, tf
 from test_export import ct2_dir, sharp  # noqa: F401 - fixtures
-from test_search import BOS, DEFAULTS, EOS, random_step, reorder_rows, start
+from test_search import DEFAULTS, hand_settings, random_step, reorder_rows, start
 
-from model.constraints import Progress, constrained_beam_search
-from model.search import Sampling, beam_search, greedy_search, sample_search
+from model.search import (
+    Progress,
+    Sampling,
+    beam_search,
+    constrained_beam_search,
+    greedy_search,
+    sample_search,
+)
 
 
 def contains(tokens: list[int], phrase: tuple[int, ...]) -> bool:
@@ -20,28 +26,25 @@ def contains(tokens: list[int], phrase: tuple[int, ...]) -> bool:
     return any(tuple(tokens[i : i + n]) == phrase for i in range(len(tokens) - n + 1))
 
 
-def run(search, step, max_lens, beam_size, **options):
-    """`search` (beam or constrained beam) over a hand-made step, from a fresh state."""
+def run(search, step, max_lens, beam_size, *batch, **options):
+    """`search` (beam or constrained beam) over a hand-made step, from a fresh state, with
+    the batch's own arguments after its max lengths (constraints, prefix)."""
     return search(
         step,
         start(len(max_lens)),
         reorder_rows,
-        batch_size=len(max_lens),
-        beam_size=beam_size,
-        bos_id=BOS,
-        eos_id=EOS,
-        max_lens=torch.tensor(max_lens),
-        **{**DEFAULTS, **options},
+        hand_settings(beam_size=beam_size, **{**DEFAULTS, **options}),
+        torch.tensor(max_lens),
+        *batch,
     )
 
 
 def run_constrained(step, constraints, max_lens, beam_size, prefix=None, **options):
-    options = dict(constraints=constraints, prefix=prefix, **options)
-    return run(constrained_beam_search, step, max_lens, beam_size, **options)
+    return run(constrained_beam_search, step, max_lens, beam_size, constraints, prefix, **options)
 
 
-def run_beam(step, max_lens, beam_size, **options):
-    return run(beam_search, step, max_lens, beam_size, **options)
+def run_beam(step, max_lens, beam_size, prefix=None, **options):
+    return run(beam_search, step, max_lens, beam_size, prefix, **options)
 
 
 @pytest.mark.parametrize(
@@ -92,26 +95,19 @@ def prefix_rows(rows: list[list[int]]) -> torch.Tensor:
 def test_a_prefix_starts_every_search_and_its_log_probabilities_count():
     step, max_lens = random_step(vocab_size=7), [6, 5, 7]
     prefixes = [[5, 5, 1], [], [4]]
-    common = dict(
-        bos_id=BOS,
-        eos_id=EOS,
-        max_lens=torch.tensor(max_lens),
-        batch_size=3,
-        prefix=prefix_rows(prefixes),
-    )
-    greedy = greedy_search(step, start(3), reorder_rows, **common)
-    beam = beam_search(step, start(3), reorder_rows, beam_size=3, nbest=3, **DEFAULTS, **common)
+    lens, prefix = torch.tensor(max_lens), prefix_rows(prefixes)
+    greedy = greedy_search(step, start(3), reorder_rows, hand_settings(), lens, prefix)
+    beam_settings = hand_settings(beam_size=3, nbest=3, **DEFAULTS)
+    beam = beam_search(step, start(3), reorder_rows, beam_settings, lens, prefix)
     noise = torch.rand(3, 2, 9, generator=torch.Generator().manual_seed(0))
     sampled = sample_search(
         step,
         start(3),
         reorder_rows,
-        samples=2,
-        sampling=Sampling(-1),
-        noise=noise,
-        length_penalty=0.0,
-        nbest=2,
-        **common,
+        hand_settings(beam_size=2, sampling=Sampling(-1), length_penalty=0.0, nbest=2),
+        lens,
+        noise,
+        prefix,
     )
     constrained = run_constrained(
         step, [((6,),), (), ((1, 1),)], max_lens, 3, prefix=prefix_rows(prefixes)
@@ -121,17 +117,16 @@ def test_a_prefix_starts_every_search_and_its_log_probabilities_count():
             for h in options:
                 assert h.tokens[: len(p)] == p
     # The forced tokens' log-probabilities are in the score: greedy from the prefix on is greedy.
-    unforced = greedy_search(step, start(3), reorder_rows, **{**common, "prefix": None})
+    unforced = greedy_search(step, start(3), reorder_rows, hand_settings(), lens)
     assert greedy[1] == unforced[1]
     assert greedy[0].log_prob < unforced[0].log_prob
     one = beam_search(
         step,
         start(3),
         reorder_rows,
-        beam_size=1,
-        length_penalty=0.0,
-        patience=DEFAULTS["patience"],
-        **common,
+        hand_settings(beam_size=1, length_penalty=0.0, patience=DEFAULTS["patience"]),
+        lens,
+        prefix,
     )
     assert [[g] for g in greedy] == one
 

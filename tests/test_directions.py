@@ -18,7 +18,7 @@ from test_cli import assert_user_error, tf
 
 from cli.config import ConfigError, check_config, load_config
 from cli.inference.engines import load_engine
-from cli.inference.server import Limits, health_fields
+from cli.serving.app import Limits, health_fields
 from data.config import CorpusConfig, DataConfig, SetConfig
 from data.text import read_file_lines
 
@@ -113,7 +113,7 @@ def test_fine_tuning_into_another_target_language_is_refused(en_es, trained, tin
 def test_fine_tuning_from_another_source_language_is_transfer(trained, tmp_path):
     """An es->en model tuned on pt->en pairs (Zoph et al. 2016): the run translates both."""
     config = load_config("tiny", ["data.train=x", "data.src_lang=pt", f"train.init={trained}"])
-    from cli.training.checkpoint import with_init
+    from cli.training.init import with_init
 
     merged = with_init(config).data
     assert merged.translates() == [("es", "en"), ("pt", "en")] and merged.lang_tokens() == {}
@@ -199,8 +199,8 @@ def test_fine_tuning_a_multilingual_import_keeps_its_languages(
     """Tuned into fra alone, it still translates into fra and spa: its tokens go before the
     sources of training and validation alike, and --to works as before."""
     from cli.training import distributed
-    from cli.training.checkpoint import with_init
     from cli.training.data import training_data
+    from cli.training.init import with_init
     from cli.training.run import start_run
 
     pairs = fra_corpus(tiny_prefix, tmp_path)
@@ -339,7 +339,7 @@ def test_a_reversed_runs_model_card_names_its_corpora_direction(en_es, tmp_path)
 def test_fine_tuning_a_reversed_run_on_corpora_naming_no_languages_keeps_its_direction(en_es):
     """The init's direction (its corpora's, en->es) is the default of corpora that name none,
     not its data.src_lang/tgt_lang (es, en)."""
-    from cli.training.checkpoint import with_init
+    from cli.training.init import with_init
 
     merged = with_init(load_config("finetune", ["data.train=x", f"train.init={en_es}"])).data
     assert (merged.src_lang, merged.tgt_lang) == ("en", "es")

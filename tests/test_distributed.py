@@ -16,9 +16,10 @@ import torch
 import torch.multiprocessing as mp
 
 from cli.config import load_config
+from cli.runs.checkpoint import load_checkpoint
+from cli.runs.run_dir import RunDir
 from cli.training import distributed
-from cli.training.checkpoint import load_checkpoint
-from cli.training.run import RunDir, TrainingError, start_run
+from cli.training.run import TrainingError, check_world_size, start_run
 from cli.training.trainer import Trainer
 from data.batching import collate
 
@@ -284,17 +285,15 @@ def test_a_refusal_under_torchrun_is_one_line_from_rank_0_and_no_traceback(
 
 
 def test_resume_messages_count_one_process_and_one_batch():
-    from types import SimpleNamespace
 
     ckpt = {"world_size": 1, "config": {"train": {"update_freq": 1}}}
-    trainer = SimpleNamespace(dist=distributed.Dist(0, 2, 0))
     with pytest.raises(TrainingError) as e:
-        Trainer.check_world_size(trainer, ckpt, Path("last.pt"))
+        check_world_size(ckpt, Path("last.pt"), now=2, update_freq=1)
     assert "written by 1 process taking 1 batch an update" in str(e.value)
     ckpt = {"world_size": 2, "config": {"train": {"update_freq": 1}}}
-    trainer = SimpleNamespace(dist=distributed.Dist(), config=load_config("tiny"))
+    update_freq = load_config("tiny").train.update_freq
     with pytest.raises(TrainingError) as e:
-        Trainer.check_world_size(trainer, ckpt, Path("last.pt"))
+        check_world_size(ckpt, Path("last.pt"), now=1, update_freq=update_freq)
     assert "in 1 process resume with --set train.update_freq=2 " in str(e.value)
 
 
@@ -307,7 +306,7 @@ import torch
 
 import cli.training.trainer as trainer
 from cli.main import main
-from cli.training.checkpoint import CheckpointError
+from cli.runs.checkpoint import CheckpointError
 
 mine = os.environ["RANK"] == "{rank}"
 build_model, accumulate = trainer.build_model, trainer.Trainer.accumulate_gradients

@@ -179,3 +179,21 @@ def test_ctranslate2_returns_what_a_patience_below_1_allows(ending_ct2):
     assert len(three.stdout.splitlines()) == 3 * len(LINES)
     refused = tf("translate", ct2, *half, "--nbest", "4", input=text)
     assert_user_error(refused, "decode.nbest 4: CTranslate2 returns at most", "(5 x 0.5)")
+
+
+def test_an_engine_says_what_it_is_and_what_it_can_do(sharp, ct2_dir):  # noqa: F811
+    """`Engine.kind` and its capabilities, where code had asked "is there a PyTorch model":
+    tf's own model keeps constraints and draws attention (not in int8, not as an ensemble);
+    CTranslate2 keeps no constraints, runs its own threads and says no parameter count."""
+    run = load_engine(str(sharp), CPU, [])
+    assert (run.kind, run.label, run.int8, run.ensemble) == ("pytorch", "pytorch", False, False)
+    assert run.constraints and run.attention_heatmaps and not run.own_threads
+    assert run.parameters == run.model.num_parameters() > 0
+    int8 = load_engine(str(sharp), CPU, [], int8=True)
+    assert (int8.kind, int8.label, int8.int8) == ("pytorch", "pytorch-int8", True)
+    assert int8.constraints and not int8.attention_heatmaps
+    both = load_engine([str(sharp), str(sharp)], CPU, [])
+    assert both.ensemble and both.constraints and not both.attention_heatmaps
+    ct2 = load_engine(str(ct2_dir), CPU, [])
+    assert (ct2.kind, ct2.label, ct2.parameters) == ("ctranslate2", "ctranslate2", 0)
+    assert not ct2.constraints and not ct2.attention_heatmaps and ct2.own_threads

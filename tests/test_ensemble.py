@@ -12,7 +12,7 @@ from test_cli import assert_user_error, tf
 from test_export import ct2_dir, sharp  # noqa: F401 - fixtures
 
 from cli.inference.decoding import translate_ids
-from cli.training.checkpoint import load_for_inference
+from cli.runs.models import load_for_inference
 from model.ensemble import Ensemble
 
 LINES = "el perro come\nla casa grande\nvino a la ciudad\nyo soy\n"

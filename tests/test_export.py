@@ -14,7 +14,7 @@ import torch
 from test_cli import assert_user_error, tf
 
 from cli.inference.decoding import encode_sources, translate_ids
-from cli.training.checkpoint import load_for_inference
+from cli.runs.models import load_for_inference
 
 SENTENCES = [
     "Y dijo Dios: Sea la luz.",
@@ -28,7 +28,8 @@ SENTENCES = [
 def sharp(trained, tmp_path_factory) -> Path:
     """The trained tiny run with fresh random weights whose outputs are far from ties (6 updates
     leave near-equal logits, where engines may break a tie either way)."""
-    from cli.training.checkpoint import build_model, load_checkpoint, save_atomic
+    from cli.runs.checkpoint import load_checkpoint, save_atomic
+    from cli.runs.models import build_model
     from data.tokenizer import Tokenizer
 
     run = tmp_path_factory.mktemp("sharp") / "run"
@@ -48,12 +49,8 @@ def sharp(trained, tmp_path_factory) -> Path:
 def ending(sharp, tmp_path_factory) -> Path:
     """`sharp` with an EOS that wins at some steps (the last norm's bias along EOS's row): some
     outputs end, others run to the length limit, so both kinds are compared."""
-    from cli.training.checkpoint import (
-        build_model,
-        config_from_checkpoint,
-        load_checkpoint,
-        save_atomic,
-    )
+    from cli.runs.checkpoint import config_from_checkpoint, load_checkpoint, save_atomic
+    from cli.runs.models import build_model
     from data.tokenizer import Tokenizer
 
     run = tmp_path_factory.mktemp("ending") / "run"
@@ -294,8 +291,8 @@ def test_export_refuses_clearly(trained, tmp_path, monkeypatch):
 
 def test_pre_ln_cannot_become_marian(tmp_path, tiny_prefix):
     from cli.config import load_config
-    from cli.exporters.marian import export_marian
-    from cli.training.checkpoint import build_model
+    from cli.families.marian import export_marian
+    from cli.runs.models import build_model
     from data.errors import InputError
     from data.tokenizer import Tokenizer, train_tokenizer
 

@@ -38,7 +38,7 @@ from benchmarks.marian_standin import bundled_lines
 from cli.config import Config, DecodeConfig, check_config, save_config
 from cli.inference.engines import length_limit, load_engine
 from cli.inference.requests import Request
-from cli.training.checkpoint import FORMAT, save_atomic
+from cli.runs.checkpoint import FORMAT, save_atomic
 from data.config import DataConfig
 from data.errors import InputError
 from data.fairseq import HF_CONFIG, FairseqTokenizer
@@ -529,13 +529,16 @@ def test_what_no_huggingface_class_runs_is_one_line(tokenizers, tmp_path, switch
 
 
 def test_mbart_takes_learned_positions_with_their_norm():
-    from cli.exporters.m2m100 import MBART, check_exportable, huggingface_family
+    from cli.families.fairseq import check_exportable
+    from cli.families.marian import MARIAN
+    from cli.families.mbart import MBART
+    from cli.families.registry import exporting_family
 
     c = ModelConfig(**{**mbart.LAYOUT, "layernorm_embedding": False})
-    family = huggingface_family(c)
+    family = exporting_family(c)
     assert family is MBART
     tok = type("Tok", (), {"pad_id": 1})()
     with pytest.raises(InputError, match="MBartForConditionalGeneration takes .*"):
         check_exportable(family, c, tok)
     check_exportable(family, replace(c, layernorm_embedding=True), tok)
-    assert huggingface_family(ModelConfig()) is None  # tf's own: Marian's
+    assert exporting_family(ModelConfig()) is MARIAN  # tf's own: Marian's

@@ -1,5 +1,5 @@
 """An export publishes nothing of where its run was trained: its config, model card and
-tokenizer files name a run's paths (recorded absolute: `cli.training.run.anchored`) by their
+tokenizer files name a run's paths (recorded absolute: `cli.runs.run_dir.anchored`) by their
 names alone."""
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from cli.commands.export import export_huggingface
 from cli.commands.prune import prune
 from cli.config import TF_CONFIG, DecodeConfig, load_config
 from cli.exporters.ctranslate2 import ct2_decode, export_ctranslate2
-from cli.training.checkpoint import build_model, load_for_inference
+from cli.runs.models import build_model, load_for_inference
 from data.errors import InputError
 from data.tokenizer import Tokenizer, train_tokenizer
 from model.transformer import ModelConfig, Transformer
@@ -98,7 +98,7 @@ def case(heads: int = 0, ffn: float = 0.0, joint: bool = True, **switches) -> Ca
     return Case(tuple(sorted(switches.items())), heads, ffn, joint)
 
 
-# What each Hugging Face class holds (`cli.exporters.marian`, `cli.exporters.m2m100`), a tf
+# What each Hugging Face class holds (`cli.families.marian`, `cli.families.fairseq`), a tf
 # tokenizer's pad at 0: else nearly every model would be refused there.
 MARIAN = dict(norm_first=False, positions="halves", position_offset=0, layernorm_embedding=False)
 M2M100 = dict(norm_first=True, positions="fairseq", position_offset=1, tie_embeddings="all")

@@ -16,8 +16,9 @@ from test_directions import fra_corpus, multilingual_import  # noqa: F401 - fixt
 from test_many_end_to_end import nllb_run  # noqa: F401 - fixtures
 
 from cli.config import load_config
-from cli.training.checkpoint import load_checkpoint, with_init
-from cli.training.trainer import direction_scores
+from cli.runs.checkpoint import load_checkpoint
+from cli.training.init import with_init
+from cli.training.validation import direction_scores
 from data.config import CorpusConfig, DataConfig, SetConfig
 from data.pipeline import Batching, prepare_training_data
 

@@ -17,8 +17,7 @@ from cli.training import distributed
 from cli.training.run import rng_state, set_rng_state, start_run
 from cli.training.trainer import Trainer
 from data.errors import InputError
-from model import search as search_module
-from model.search import beam_search, greedy_search
+from model.search import SearchSettings, beam_search, greedy_search, kernels
 
 CUDA = torch.device("cuda", 0)
 
@@ -157,20 +156,13 @@ def test_one_host_sync_per_search_step(monkeypatch, search):
         per_step.append(counter.count)
         return step(tokens, state)
 
-    common = dict(batch_size=3, bos_id=2, eos_id=1, max_lens=torch.tensor([6, 6, 6]), min_len=0)
+    max_lens = torch.tensor([6, 6, 6])
     with counter:
         if search == "beam":
-            beam_search(
-                counting_step,
-                None,
-                lambda s, i, g: s,
-                beam_size=4,
-                length_penalty=0.6,
-                patience=2.0,
-                **common,
-            )
+            settings = SearchSettings(2, 1, beam_size=4, length_penalty=0.6, patience=2.0)
+            beam_search(counting_step, None, lambda s, i, g: s, settings, max_lens)
         else:
-            greedy_search(counting_step, None, lambda s, i, g: s, **common)
+            greedy_search(counting_step, None, lambda s, i, g: s, SearchSettings(2, 1), max_lens)
     between = [b - a for a, b in zip(per_step, per_step[1:])]
     assert between[1:-1] and set(between[1:-1]) == {1}, between  # steps where nothing ends
 
@@ -184,7 +176,7 @@ def test_the_lowest_columns_of_a_tie_leave_the_host_unwaited_on_a_gpu(monkeypatc
     tied = top[:, 1] == top[:, 2]
     counter = HostSyncs(monkeypatch)
     with counter:
-        columns = search_module._lowest_columns(x, top[:, :2], columns[:, :2], tied)
+        columns = kernels.lowest_columns(x, top[:, :2], columns[:, :2], tied)
     assert counter.count == 0
     assert columns.sort(dim=1).values.tolist() == [[7, 100]] * 4
 
@@ -260,7 +252,7 @@ def test_translation_computes_in_decode_precision(trained, precision, dtype):
     from dataclasses import replace
 
     from cli.inference.decoding import encode_sources, translate_ids
-    from cli.training.checkpoint import load_for_inference
+    from cli.runs.models import load_for_inference
 
     cpu = torch.device("cpu")
     model, tok, config = load_for_inference(trained, cpu)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from test_cli import assert_user_error, tf
 from test_constraints import contains, jsonl, prefix_rows, run_beam, run_constrained
 from test_export import ct2_dir, sharp  # noqa: F401 - fixtures
-from test_search import BOS, EOS, random_step, reorder_rows, start, table_step
+from test_search import EOS, hand_settings, random_step, reorder_rows, start, table_step
 
 from cli.inference.engines import Engine, load_engine
 from cli.inference.requests import Request
@@ -37,23 +37,17 @@ def test_a_forced_prefix_is_exempt_from_the_ngram_ban_and_what_follows_is_not():
     -inf, or leave beam search with no hypothesis at all), and no token after it repeats."""
     step, max_lens = random_step(vocab_size=9), [7, 8]
     prefixes = [[4, 4, 4], [5, 6, 5]]
-    common = dict(
-        bos_id=BOS,
-        eos_id=EOS,
-        max_lens=torch.tensor(max_lens),
-        batch_size=2,
-        prefix=prefix_rows(prefixes),
-        no_repeat_ngram_size=1,
-    )
-    greedy = [[h] for h in greedy_search(step, start(2), reorder_rows, **common)]
+    lens, prefix = torch.tensor(max_lens), prefix_rows(prefixes)
+    banning = hand_settings(no_repeat_ngram_size=1)
+    greedy = [[h] for h in greedy_search(step, start(2), reorder_rows, banning, lens, prefix)]
     beam = run_beam(
         step, max_lens, 3, nbest=2, prefix=prefix_rows(prefixes), no_repeat_ngram_size=1
     )
     noise = torch.rand(2, 2, 10, generator=torch.Generator().manual_seed(0))
-    sampled = sample_search(
-        step, start(2), reorder_rows, samples=2, sampling=Sampling(-1), noise=noise,
-        length_penalty=0.0, nbest=2, **common,
-    )  # fmt: skip
+    sampling = hand_settings(
+        beam_size=2, sampling=Sampling(-1), length_penalty=0.0, nbest=2, no_repeat_ngram_size=1
+    )
+    sampled = sample_search(step, start(2), reorder_rows, sampling, lens, noise, prefix)
     constrained = run_constrained(
         step, [((7,),), ()], max_lens, 2, prefix=prefix_rows(prefixes), no_repeat_ngram_size=1
     )
@@ -214,7 +208,7 @@ def test_ctranslate2_top_k_past_the_vocabulary_is_every_token(ct2_dir):  # noqa:
 def test_an_ensemble_of_opposite_directions_is_refused(trained, tmp_path):
     """issue 35 item 5: es->en with en->es over one tokenizer (as the tokenizer error advises)
     decoded garbage with exit 0."""
-    from cli.training.checkpoint import load_checkpoint, save_atomic
+    from cli.runs.checkpoint import load_checkpoint, save_atomic
 
     reverse = tmp_path / "reverse"
     shutil.copytree(trained, reverse)
@@ -246,7 +240,7 @@ def test_tf_serve_answers_these_requests_as_tf_translate_does(engine):
     pytest.importorskip("uvicorn")
     from test_serve import call, serving
 
-    from cli.inference.server import build_app
+    from cli.serving.app import build_app
 
     decode = replace(engine.config.decode, no_repeat_ngram_size=1)
     banning = replace(engine, config=replace(engine.config, decode=decode))

@@ -18,7 +18,8 @@ from test_export import SENTENCES, ending, exported, ours, sharp  # noqa: F401 -
 
 from cli.inference.decoding import encode_sources, translate_ids
 from cli.inference.engines import length_limit
-from cli.training.checkpoint import load_checkpoint, load_for_inference, save_atomic
+from cli.runs.checkpoint import load_checkpoint, save_atomic
+from cli.runs.models import load_for_inference
 
 # Lines of several lengths, in one padded batch.
 LINES = [
@@ -198,8 +199,8 @@ def test_a_leading_language_token_without_a_space_encodes_as_with_one(tiny_prefi
     from transformers import AutoTokenizer
 
     from cli.config import load_config
-    from cli.exporters.marian import export_marian
-    from cli.training.checkpoint import build_model
+    from cli.families.marian import export_marian
+    from cli.runs.models import build_model
     from data.tokenizer import train_tokenizer
 
     src = Path(f"{tiny_prefix}.es").read_text().splitlines()
@@ -238,7 +239,8 @@ def pad_start(sharp, tmp_path_factory) -> Path:  # noqa: F811
     whose embedding row is zero as tf initialises it and as the converter assumes; and an EOS
     row along the way the decoder's states drift from its first steps to later ones, so that
     some outputs end after a few tokens and others run to the length limit."""
-    from cli.training.checkpoint import build_model, config_from_checkpoint
+    from cli.runs.checkpoint import config_from_checkpoint
+    from cli.runs.models import build_model
 
     run = tmp_path_factory.mktemp("pad_start") / "run"
     shutil.copytree(sharp, run)

@@ -18,7 +18,8 @@ from torch.testing import assert_close
 
 from benchmarks.marian_standin import OPUS_MT_ES_EN, TINY, make_standin
 from cli.inference.engines import load_engine
-from cli.training.checkpoint import load_checkpoint, load_for_inference
+from cli.runs.checkpoint import load_checkpoint
+from cli.runs.models import load_for_inference
 from data.corpus import load_corpus
 from data.text import read_file_lines
 
@@ -541,7 +542,7 @@ def test_every_command_takes_an_imported_run(tmp_path, tiny_prefix):
     target-language token of a multilingual model on each way in."""
     from test_serve import call, serving
 
-    from cli.inference.server import build_app
+    from cli.serving.app import build_app
 
     directory = small_standin(tmp_path, tiny_prefix, language_tokens=(">>fra<<",))
     run = imported(directory, tmp_path)
@@ -575,7 +576,7 @@ def test_every_command_takes_an_imported_run(tmp_path, tiny_prefix):
 def test_blank_lines_stay_blank_and_long_sources_keep_their_eos(tmp_path, tiny_prefix):
     """Marian's tokenizer ends every source in EOS, an empty one too: a blank line is still
     no source (no invented translation; a prefix on it is refused), and a source cut to the
-    model's limit keeps its EOS last, as transformers truncates."""
+    model's limit is translated in parts (issue 69), each ending in EOS as Marian's sources do."""
     run = imported(small_standin(tmp_path, tiny_prefix), tmp_path)
     result = tf("translate", run, "--greedy", input="Y dijo Dios\n\n   \nEn el principio\n")
     assert result.exit_code == 0, result.output
@@ -586,9 +587,10 @@ def test_blank_lines_stay_blank_and_long_sources_keep_their_eos(tmp_path, tiny_p
     assert refused.exit_code == 2 and "no text" in refused.stderr
     engine = load_engine(str(run), torch.device("cpu"), [])
     long = " ".join(["y dijo Dios"] * 200)
-    ((src, _),) = engine.stream([long], "x")
-    assert len(src) == engine.config.model.max_positions and src[-1] == engine.tokenizer.eos_id
-    assert src[:-1] == engine.tokenizer.encode_src([long])[0][: len(src) - 1]
+    rows = engine.encode([long], ["es"], "x", 1)
+    limit, eos = engine.config.model.max_positions, engine.tokenizer.eos_id
+    assert len(rows) > 1 and all(len(row) <= limit and row[-1] == eos for row in rows)
+    assert " ".join(engine.tokenizer.decode_src(rows)) == long
 
 
 def test_learned_positions_in_the_weights_are_refused(tmp_path, tiny_prefix):

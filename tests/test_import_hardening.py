@@ -24,7 +24,8 @@ from test_import import (
 from test_search import EOS, all_outputs, random_step, search, table_step
 
 from benchmarks.marian_standin import TINY, make_standin
-from cli.training.checkpoint import load_checkpoint, load_for_inference
+from cli.runs.checkpoint import load_checkpoint
+from cli.runs.models import load_for_inference
 from data.text import read_file_lines
 from model.search import LengthPenalty
 

@@ -31,7 +31,8 @@ from benchmarks.fairseq_standin import (
 )
 from benchmarks.marian_standin import bundled_lines
 from cli.inference.engines import load_engine
-from cli.training.checkpoint import load_checkpoint, load_for_inference
+from cli.runs.checkpoint import load_checkpoint
+from cli.runs.models import load_for_inference
 from data.text import read_file_lines
 from data.tokenizer import Tokenizer
 

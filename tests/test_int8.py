@@ -2,7 +2,7 @@
 (`model.int8`), so that a sentence's translation never depends on the sentences batched with
 it: each layer computes a row from that row alone (exactly, whatever rows, padding or order
 come with it), and a sentence translates alike alone, in any batch, through `tf translate`
-and through `tf serve` under either schedule."""
+and through `tf serve`."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ import model.int8
 from cli.config import load_config
 from cli.inference import engines
 from cli.inference.engines import load_engine
-from cli.inference.lanes import ThreadWorker
-from cli.inference.server import Limits, build_app
+from cli.serving.app import Limits, build_app
 from model.attention import MultiheadAttention
 from model.int8 import Int8Linear, int_mm_is_exact, quantize_rows
 from model.transformer import Transformer
@@ -220,26 +219,19 @@ def test_tf_translate_int8_writes_the_same_whatever_the_batch_size(trained, sour
     assert len(batched.stdout.splitlines()) == len(sources)
 
 
-@pytest.mark.parametrize("schedule", ["groups", "steps"])
-def test_tf_serve_int8_answers_as_tf_translate_int8(trained, sources, schedule):
+def test_tf_serve_int8_answers_as_tf_translate_int8(trained, sources):
     """Requests of one to three lines sent at once, so that the server batches them together
-    (whole groups, or joining a running search at its steps), get `tf translate --int8`'s
-    lines."""
+    (whole groups), get `tf translate --int8`'s lines."""
     lines = sources[:8]
     sets = [a for s in SHORT for a in ("--set", s)]
     direct = tf("translate", trained, "--int8", "--beam", "2", *sets, input="\n".join(lines) + "\n")
     assert direct.exit_code == 0, direct.output
     engine = load_engine(str(trained), CPU, [*SHORT, "decode.beam_size=2"], int8=True)
-    joining = [ThreadWorker(engine, CPU)] if schedule == "steps" else None
-    app = build_app(engine, str(trained), "pytorch-int8", Limits(max_wait=0.2), joining=joining)
+    app = build_app(engine, str(trained), "pytorch-int8", Limits(max_wait=0.2))
     requests = [lines[0:1], lines[1:3], lines[3:4], lines[4:7], lines[7:8]]
-    try:
-        with serving(app) as url:
-            bodies = [{"text": r} for r in requests]
-            answers = call_at_once(f"{url}/translate", bodies, timeout=120)
-    finally:
-        for worker in joining or []:
-            worker.close()
+    with serving(app) as url:
+        bodies = [{"text": r} for r in requests]
+        answers = call_at_once(f"{url}/translate", bodies, timeout=120)
     got = []
     for status, body, _ in answers:
         assert status == 200, body

@@ -25,10 +25,9 @@ from test_export import ct2_dir, sharp  # noqa: F401 - fixtures
 from test_languages_both_sides import both_sides  # noqa: F401 - fixture
 from test_many_end_to_end import coded_corpora, nllb_run  # noqa: F401 - fixture
 
-from cli.commands.serve import read_page
 from cli.inference.engines import load_engine
-from cli.inference.server import build_app
-from cli.training.checkpoint import load_checkpoint, save_atomic
+from cli.runs.checkpoint import load_checkpoint, save_atomic
+from cli.serving.app import build_app, read_page
 
 SPA, ENG, FRA = "spa_Latn", "eng_Latn", "fra_Latn"  # FRA: the stand-in's recorded tgt_lang
 LINES = "Y dijo Dios: Sea la luz.\nEn el principio.\nla casa grande\n"
@@ -184,7 +183,7 @@ def page_script(page: str) -> str:
     return page.split("<script>")[1].split("</script>")[0]
 
 
-# What the page's script does with /health (`cli/commands/page.html`), statement by statement:
+# What the page's script does with /health (`cli/serving/page.html`), statement by statement:
 # each language list offered starts at the server's default for it (/health's tgt_lang and
 # src_lang), or at "choose…", an empty value, where the server names none or one it lacks; an
 # empty choice sends no field, so that the server asks. (A real browser's test of the page

@@ -12,7 +12,8 @@ import pytest
 import torch
 from test_cli import assert_user_error, tf
 
-from cli.training.checkpoint import load_checkpoint, load_for_inference
+from cli.runs.checkpoint import load_checkpoint
+from cli.runs.models import load_for_inference
 from data.text import read_file_lines
 
 CPU = torch.device("cpu")
@@ -233,11 +234,11 @@ def test_frozen_matrices_held_in_bf16_give_the_same_numbers():
 def test_an_unchanged_base_is_not_hashed_again_and_a_copied_one_is(adapted, tmp_path, monkeypatch):
     """Its size, inode and change time as recorded: loading skips hashing gigabytes. A copy
     (another inode) is hashed, and loads when the bytes are the same."""
-    from cli.training import lora
+    from cli.runs import adapted as base_store
 
     hashed = []
-    real = lora.file_sha256
-    monkeypatch.setattr(lora, "file_sha256", lambda path: hashed.append(path) or real(path))
+    real = base_store.file_sha256
+    monkeypatch.setattr(base_store, "file_sha256", lambda path: hashed.append(path) or real(path))
     load_for_inference(adapted, CPU)
     assert hashed == []
     copy = shutil.copytree(adapted, tmp_path / "copy")
@@ -262,7 +263,7 @@ def test_validation_decodes_the_merged_model_every_command_decodes(
     real = Trainer.validate
 
     def validate(self, model=None):
-        validated.append((model if model is not None else self.model_of_record).state_dict())
+        validated.append((model if model is not None else self.weights.of_record).state_dict())
         return real(self, model)
 
     monkeypatch.setattr(Trainer, "validate", validate)
@@ -285,11 +286,12 @@ def test_validation_merges_into_one_copy_and_reads_base_pt_once(
     """Two validations build one plain copy and read RUN/base.pt once (each built a second
     model and read base.pt again); each decodes, bit for bit, what `load_for_inference` merges
     from the checkpoint written with it (the copy, merged into before, is merged into again)."""
-    from cli.training import lora
+    from cli.runs import adapted as base_store
+    from cli.training import state
     from cli.training.trainer import Trainer
 
     calls, validated = [], []
-    for owner, name in ((Trainer, "plain_model"), (lora, "base_weights")):
+    for owner, name in ((state, "plain_model"), (base_store, "base_weights")):
         real = getattr(owner, name)
         monkeypatch.setattr(
             owner, name, lambda *a, real=real, name=name: calls.append(name) or real(*a)
@@ -297,7 +299,7 @@ def test_validation_merges_into_one_copy_and_reads_base_pt_once(
     real_validate = Trainer.validate
 
     def validate(self, model=None):
-        weights = (model or self.model_of_record).state_dict()
+        weights = (model or self.weights.of_record).state_dict()
         validated.append((self.progress.step, {k: v.clone() for k, v in weights.items()}))
         return real_validate(self, model)
 
@@ -318,11 +320,11 @@ def test_a_copied_base_is_hashed_once_then_its_copy_is_recorded(adapted, tmp_pat
     """A copied run (another inode, another change time) hashes its base.pt at its first load
     only: the verified copy is recorded beside it (it was hashed again at every load,
     forever). A base changed after that is still refused."""
-    from cli.training import lora
+    from cli.runs import adapted as base_store
 
     hashed = []
-    real = lora.file_sha256
-    monkeypatch.setattr(lora, "file_sha256", lambda path: hashed.append(path) or real(path))
+    real = base_store.file_sha256
+    monkeypatch.setattr(base_store, "file_sha256", lambda path: hashed.append(path) or real(path))
     copy = shutil.copytree(adapted, tmp_path / "copy")
     for _ in range(3):
         load_for_inference(copy, CPU)

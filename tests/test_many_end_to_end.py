@@ -21,7 +21,7 @@ from test_import import quiet_transformers
 
 from benchmarks.fairseq_standin import make_model_standin, nllb_tokenizer, train_spm
 from benchmarks.marian_standin import bundled_lines
-from cli.training.checkpoint import load_checkpoint
+from cli.runs.checkpoint import load_checkpoint
 from data.text import read_file_lines
 
 pytest.importorskip("transformers")

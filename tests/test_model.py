@@ -9,7 +9,7 @@ from torch import nn
 from torch.testing import assert_close
 
 from benchmarks.uncached import uncached_start
-from model.search import greedy_search
+from model.search import SearchSettings, greedy_search
 from model.transformer import (
     ModelConfig,
     Transformer,
@@ -370,10 +370,8 @@ def test_greedy_decode_matches_torch_reference_token_for_token():
             lambda tokens, c: (F.log_softmax(model.decode_step(tokens, c), -1), c),
             cache,
             lambda c, index, group: c.reorder(index, group),
-            batch_size=src.size(0),
-            bos_id=BOS,
-            eos_id=EOS,
-            max_lens=torch.full((5,), max_len),
+            SearchSettings(bos_id=BOS, eos_id=EOS),
+            torch.full((5,), max_len),
         )
     assert [h.tokens for h in hyps] == expected
     assert len({len(tokens) for tokens in expected}) > 1

@@ -20,7 +20,7 @@ from torch.testing import assert_close
 
 from cli.config import ConfigError, load_config
 from model import m2m100, mbart
-from model.search import greedy_search
+from model.search import SearchSettings, greedy_search
 from model.transformer import (
     ModelConfig,
     Transformer,
@@ -470,11 +470,9 @@ def tf_greedy(model: Transformer, src: torch.Tensor, prefix: int, max_len: int) 
             lambda tokens, c: (F.log_softmax(model.decode_step(tokens, c), -1), c),
             cache,
             lambda c, index, group: c.reorder(index, group),
-            batch_size=src.size(0),
-            bos_id=EOS,  # these models' decoders start from EOS
-            eos_id=EOS,
-            max_lens=torch.full((src.size(0),), max_len),
-            prefix=torch.full((src.size(0), 1), prefix),
+            SearchSettings(bos_id=EOS, eos_id=EOS),  # these models' decoders start from EOS
+            torch.full((src.size(0),), max_len),
+            torch.full((src.size(0), 1), prefix),
         )
     return [h.tokens for h in hyps]
 
@@ -590,7 +588,7 @@ def test_the_switches_load_and_default_to_todays_model():
 def test_marian_export_refuses_what_marian_cannot_hold(switch):
     """A Post-LN model with another embedding would be exported as Marian's without a word,
     and compute something else there: refused in one line."""
-    from cli.exporters.marian import check_exportable
+    from cli.families.marian import check_exportable
     from data.errors import InputError
 
     with pytest.raises(InputError, match="cannot be exported"):

@@ -19,7 +19,7 @@ from test_cli import assert_user_error, tf
 from cli.config import ConfigError, load_config
 from cli.inference.engines import load_engine
 from cli.inference.languages import with_language, with_languages
-from cli.training.checkpoint import load_for_inference
+from cli.runs.models import load_for_inference
 from data.config import CorpusConfig, DataConfig, SetConfig
 from data.errors import InputError
 from data.pipeline import load_set
@@ -48,7 +48,8 @@ def both_ways(prefix: str) -> list[str]:
 def bidirectional(tiny_prefix, tmp_path_factory) -> Path:
     """A tiny es<->en run trained through `tf train`, its weights then made sharp (random, the
     output embedding scaled up) so that every engine's search meets no near-ties."""
-    from cli.training.checkpoint import build_model, load_checkpoint, save_atomic
+    from cli.runs.checkpoint import load_checkpoint, save_atomic
+    from cli.runs.models import build_model
 
     run = tmp_path_factory.mktemp("bidirectional") / "run"
     result = tf("train", "tiny", "--out", run, *both_ways(tiny_prefix))
@@ -130,7 +131,9 @@ def test_reverse_reads_a_corpus_the_other_way_round(tiny_prefix):
 
 
 def test_the_directions_mean_is_what_early_stopping_and_best_pt_follow():
-    from cli.training.trainer import Progress, Trainer, direction_scores
+    from cli.training.state import Progress
+    from cli.training.stopping import record_validation
+    from cli.training.validation import direction_scores
 
     scores = {"es-en": {"bleu": 10.0, "chrf": 30.0}, "en-es": {"bleu": 20.0, "chrf": 50.0}}
     metrics = direction_scores(scores)
@@ -144,10 +147,11 @@ def test_the_directions_mean_is_what_early_stopping_and_best_pt_follow():
     }
     assert direction_scores({"es-en": scores["es-en"]}) == {"dev_bleu": 10.0, "dev_chrf": 30.0}
     trainer = SimpleNamespace(config=load_config("tiny"), progress=Progress())  # bleu: the default
-    assert Trainer.record_validation(trainer, {**metrics, "dev_loss": 1.0})
+    assert record_validation(trainer.config.train, trainer.progress, {**metrics, "dev_loss": 1.0})
     assert trainer.progress.best == 15.0
     worse = direction_scores({"es-en": {"bleu": 29.0, "chrf": 0}, "en-es": {"bleu": 0, "chrf": 0}})
-    assert not Trainer.record_validation(trainer, {**worse, "dev_loss": 1.0})  # one way's 29: no
+    worse = {**worse, "dev_loss": 1.0}
+    assert not record_validation(trainer.config.train, trainer.progress, worse)  # one way's 29: no
 
 
 def test_each_direction_is_validated_and_best_follows_their_mean(bidirectional):
@@ -310,7 +314,7 @@ def test_serve_takes_to_per_request_and_per_sentence(bidirectional):
     pytest.importorskip("uvicorn")
     from test_serve import call, echo_engine, serving
 
-    from cli.inference.server import build_app
+    from cli.serving.app import build_app
 
     engine = echo_engine(load_engine(str(bidirectional), torch.device("cpu"), []))
     # The echo's answers are its sources: spelled as sources are, their tokens as text (a
@@ -331,7 +335,7 @@ def test_serve_takes_to_per_request_and_per_sentence(bidirectional):
         clash = {"text": [{"text": "<2es> adios", "to": "en"}]}  # its own "to" and its token
         status, body, _ = call(f"{url}/translate", clash)
         assert status == 400 and "text[0]" in body["error"] and "<2es>" in body["error"]
-    page = (Path(__file__).parents[1] / "cli" / "commands" / "page.html").read_text()
+    page = (Path(__file__).parents[1] / "cli" / "serving" / "page.html").read_text()
     assert 'id="to"' in page and "h.languages" in page
 
 
@@ -380,7 +384,7 @@ def test_backtranslate_and_distill_take_to_and_name_their_files_by_it(
 
 
 def test_an_ensemble_takes_to_and_its_members_share_their_languages(bidirectional, tmp_path):
-    from cli.training.checkpoint import load_checkpoint, save_atomic
+    from cli.runs.checkpoint import load_checkpoint, save_atomic
 
     text = "\n".join(LINES) + "\n"
     alone = greedy(bidirectional, "--to", "es", input=text)

@@ -27,7 +27,9 @@ from benchmarks.fairseq_standin import (
     train_spm,
 )
 from benchmarks.marian_standin import bundled_lines
-from cli.training.checkpoint import load_checkpoint, load_for_inference, resolve_checkpoint
+from cli.runs.checkpoint import load_checkpoint
+from cli.runs.model_dirs import resolve_checkpoint
+from cli.runs.models import load_for_inference
 from data.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -396,7 +398,8 @@ def test_mbart50_gets_a_new_language_end_to_end(corpora, tmp_path):
     code, _ = exports_translate_alike(run, "es_XX", "ast_XX", tmp_path, hf_source=False)
     assert code == before.src_vocab_size
     # transformers' MBart50Tokenizer takes `src_lang` from its fixed list of codes: the export
-    # writes the new code as a target (forced_bos, above), not as a source (the README says so).
+    # writes the new code as a target (forced_bos, above), not as a source
+    # (docs/lora-and-new-languages.md says so).
     with pytest.raises(KeyError, match="ast_XX"):
         transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", src_lang="ast_XX")
 
@@ -498,7 +501,7 @@ def test_the_old_targets_token_is_checked_as_the_new_ones_when_the_config_is_rea
     the config is read (`with_init`), not only once the data is being prepared. Here `<2en>`
     is a word piece of the tokenizer (SentencePiece may learn one), which no new token may be."""
     from cli.config import ConfigError, load_config
-    from cli.training.checkpoint import with_init
+    from cli.training.init import with_init
 
     vocabulary = Tokenizer.src_vocabulary
     monkeypatch.setattr(Tokenizer, "src_vocabulary", lambda self: [*vocabulary(self), "<2en>"])

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from cli.commands.plot import read_metrics
 from cli.inference.heatmaps import attention_matrix
 from cli.main import app
-from cli.training.checkpoint import load_for_inference
+from cli.runs.models import load_for_inference
 from data.batching import collate
 from data.errors import InputError
 

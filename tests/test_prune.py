@@ -11,7 +11,9 @@ from test_cli import assert_user_error, tf
 
 from cli.commands.prune import prune
 from cli.config import ConfigError, load_config
-from cli.training.checkpoint import load_checkpoint, load_for_inference, save_atomic, with_init
+from cli.runs.checkpoint import load_checkpoint, save_atomic
+from cli.runs.models import load_for_inference
+from cli.training.init import with_init
 from data.tokenizer import Tokenizer, train_tokenizer
 from model.transformer import count_parameters
 

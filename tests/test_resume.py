@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from cli.config import load_config
 from cli.main import app
+from cli.runs.checkpoint import load_checkpoint
 from cli.training import distributed
-from cli.training.checkpoint import load_checkpoint
 from cli.training.optim import inverse_sqrt
 from cli.training.run import TrainingError, resume_config, start_run
 from cli.training.trainer import Trainer

@@ -16,7 +16,7 @@ import torch
 from test_cli import assert_user_error, tf
 
 from cli.config import load_config
-from cli.training.checkpoint import load_checkpoint
+from cli.runs.checkpoint import load_checkpoint
 from data.config import DataConfig
 
 
@@ -187,7 +187,7 @@ def test_a_run_that_starts_from_pad_keeps_that_row_zero(tmp_path, tiny_prefix):
 def test_fine_tuning_keeps_the_models_decode_settings_but_those_set(trained):
     """An import's generation settings (here a run's recipe: beam 2, max_len_b 10 in tiny.yaml)
     are how the fine-tuned run decodes, but for a setting the config gives."""
-    from cli.training.checkpoint import with_init
+    from cli.training.init import with_init
 
     plain = with_init(load_config("finetune", ["data.train=x", f"train.init={trained}"]))
     assert (plain.decode.beam_size, plain.decode.max_len_b) == (2, 10)
@@ -208,7 +208,7 @@ def test_every_path_a_config_names_is_recorded_absolute(tmp_path, monkeypatch):
     """Corpora (a spec, a list's `corpus:`, a local `hf:` folder), the tokenizer and the init,
     read from the working directory; hub names, bundled corpora and "" as they are; a saved
     value naming the same place is kept as it is written."""
-    from cli.training.run import anchored
+    from cli.runs.run_dir import anchored
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "local").mkdir()
@@ -267,7 +267,7 @@ def test_every_path_setting_the_schema_marks_is_recorded_absolute(tmp_path, monk
     `anchored` makes each one absolute by walking it, a list's entries too: a path setting
     added later is anchored without a list to update by hand (there was one)."""
     from cli.config import Config
-    from cli.training.run import anchored
+    from cli.runs.run_dir import anchored
 
     monkeypatch.chdir(tmp_path)
     names = path_settings(Config)

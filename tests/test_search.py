@@ -16,23 +16,25 @@ from cli.config import DecodeConfig
 from cli.inference import decoding
 from cli.inference.decoding import cached_start, search_batch
 from data.batching import collate
-from model import beam_candidates
-from model import search as search_module
-from model.beam_candidates import (
+from model.search import (
+    Hypothesis,
+    SearchSettings,
+    beam_search,
+    candidates,
+    gnmt_length_penalty,
+    greedy_search,
+    kernels,
+    row_argmax,
+    row_topk,
+)
+from model.search.beam import best_extensions
+from model.search.candidates import (
     NumpyCandidates,
     PythonCandidates,
     children_in_place,
     children_in_place_rows,
 )
-from model.search import (
-    Hypothesis,
-    _in_place_order,
-    beam_search,
-    gnmt_length_penalty,
-    greedy_search,
-    row_argmax,
-    row_topk,
-)
+from model.search.rows import in_place_order
 from model.transformer import ModelConfig, Transformer
 
 PAD, BOS, EOS = 0, 2, 3
@@ -87,15 +89,20 @@ def random_step(vocab_size: int = 6, eos_growth: float = 0.6):
 DEFAULTS = {"length_penalty": DecodeConfig.length_penalty, "patience": DecodeConfig.patience}
 
 
-def search(step, batch_size: int, max_lens: list[int], beam_size: int | None = None, **options):
+def hand_settings(**options) -> SearchSettings:
+    """The search settings of these tests' hand steps: their BOS and EOS, and `options`."""
+    return SearchSettings(bos_id=BOS, eos_id=EOS, **options)
+
+
+def search(
+    step, batch_size: int, max_lens: list[int], beam_size: int | None = None, prefix=None, **options
+):
     """Greedy search when beam_size is None, else beam search; from a fresh hand-step state."""
-    common = dict(batch_size=batch_size, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor(max_lens))
+    state, lens = start(batch_size), torch.tensor(max_lens)
     if beam_size is None:
-        return greedy_search(step, start(batch_size), reorder_rows, **common, **options)
-    options = {**DEFAULTS, **options}
-    return beam_search(
-        step, start(batch_size), reorder_rows, beam_size=beam_size, **common, **options
-    )
+        return greedy_search(step, state, reorder_rows, hand_settings(**options), lens, prefix)
+    options = {**DEFAULTS, **options, "beam_size": beam_size}
+    return beam_search(step, state, reorder_rows, hand_settings(**options), lens, prefix)
 
 
 def has_repeated_ngram(tokens: list[int], n: int) -> bool:
@@ -236,27 +243,24 @@ def test_batched_search_equals_one_sentence_at_a_time(reading):
     step, max_lens = random_step(), [5, 1, 7, 4]
 
     def alone(b: int, **options):
-        state = torch.tensor([[b]])
-        common = dict(batch_size=1, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([max_lens[b]]))
+        state, lens = torch.tensor([[b]]), torch.tensor([max_lens[b]])
         if "beam_size" in options:
-            return beam_search(step, state, reorder_rows, **common, **options)[0]
-        return greedy_search(step, state, reorder_rows, **common)[0]
+            return beam_search(step, state, reorder_rows, hand_settings(**options), lens)[0]
+        return greedy_search(step, state, reorder_rows, hand_settings(), lens)[0]
 
     assert search(step, 4, max_lens) == [alone(b) for b in range(4)]
     options = dict(beam_size=3, nbest=2, **DEFAULTS, no_repeat_ngram_size=2)
     assert search(step, 4, max_lens, **options) == [alone(b, **options) for b in range(4)]
 
 
-def test_best_extensions_equal_one_top_k_over_every_beam_and_word():
+def testbest_extensions_equal_one_top_k_over_every_beam_and_word():
     """The two-stage top-k (each row's n best, then each sentence's n best of those) selects
     what one top-k over a sentence's k V scores selects, with V well above n."""
-    from model.search import _best_extensions
-
     g = torch.Generator().manual_seed(3)
     B, k, V, n = 4, 3, 50, 6
     log_probs = torch.randn(B * k, V, generator=g, dtype=torch.float64).log_softmax(1)
     beam_log_probs = torch.randn(B * k, generator=g, dtype=torch.float64)
-    top, rows, words = _best_extensions(log_probs, beam_log_probs, k, n)
+    top, rows, words = best_extensions(log_probs, beam_log_probs, k, n)
     flat = (beam_log_probs[:, None] + log_probs).view(B, k * V)
     want_top, want_flat = flat.topk(n, dim=1)
     assert torch.equal(top, want_top)
@@ -264,11 +268,9 @@ def test_best_extensions_equal_one_top_k_over_every_beam_and_word():
     assert torch.equal(words, want_flat % V)
 
 
-def test_best_extensions_break_ties_by_rank_whatever_rows_hold_the_beams():
+def testbest_extensions_break_ties_by_rank_whatever_rows_hold_the_beams():
     """Beams kept in their parents' rows (`ranked` says which row holds which rank) give the
     extensions of the same beams in rank order, equal scores included."""
-    from model.search import _best_extensions
-
     g = torch.Generator().manual_seed(4)
     B, k, V, n = 3, 4, 6, 8
     # Scores from a few values: ties within and across beams.
@@ -278,20 +280,18 @@ def test_best_extensions_break_ties_by_rank_whatever_rows_hold_the_beams():
     first = torch.arange(0, B * k, k)[:, None]
     held = torch.empty(B * k, dtype=torch.long)
     held[(first + ranked).flatten()] = torch.arange(B * k)  # row -> the hypothesis it holds
-    top, rows, words = _best_extensions(log_probs, beam_log_probs, k, n)
-    moved = _best_extensions(log_probs[held], beam_log_probs[held], k, n, ranked)
+    top, rows, words = best_extensions(log_probs, beam_log_probs, k, n)
+    moved = best_extensions(log_probs[held], beam_log_probs[held], k, n, ranked)
     assert torch.equal(moved[0], top) and torch.equal(moved[2], words)
     assert torch.equal(moved[1], first + ranked.gather(1, rows - first))
 
 
 @pytest.mark.parametrize("blocks", [True, False])
-def test_best_extensions_order_ties_as_greedy_does(blocks):
+def testbest_extensions_order_ties_as_greedy_does(blocks):
     """Equal log-probabilities in a row go to the lower id, greedy's argmax's choice (top-k
     returned 45 before 2 for a tie in a trained `tiny`, and beam 1 then wrote another
     translation than greedy); two log-probabilities that adding the beam's log-probability
     rounds to one float keep their order (float32: 1e-7 apart under a score of -40)."""
-    from model.search import _best_extensions, row_argmax
-
     V = 8000  # wide enough for `row_topk`'s blocks
     log_probs = torch.full((2, V), -12.0)
     log_probs[0, [2, 45, 3000, 7000]] = torch.tensor([-3.1889505, -3.1889505, -3.5, -3.1889505])
@@ -300,10 +300,10 @@ def test_best_extensions_order_ties_as_greedy_does(blocks):
     assert row_argmax(log_probs).tolist() == [2, 60]
     for row in range(2):  # each row a sentence of one beam (beam 1)
         one = slice(row, row + 1)
-        top, _, words = _best_extensions(log_probs[one], beam_log_probs[one], 1, 4, blocks=blocks)
+        top, _, words = best_extensions(log_probs[one], beam_log_probs[one], 1, 4, blocks=blocks)
         assert words[0, 0].item() == [2, 60][row]
         assert torch.equal(top[0], top[0].sort(descending=True).values)
-    top, _, words = _best_extensions(log_probs[:1], beam_log_probs[:1], 1, 4, blocks=blocks)
+    top, _, words = best_extensions(log_probs[:1], beam_log_probs[:1], 1, 4, blocks=blocks)
     assert words[0, :3].tolist() == [2, 45, 7000]  # the three tied, in id order
 
 
@@ -332,7 +332,7 @@ def test_row_best_takes_the_lowest_columns_of_equal_values(V, blocks, blocks_at_
     x = torch.cat([x, three.log_softmax(dim=1)])
     want = x.sort(dim=1, descending=True, stable=True)
     for n in (1, 2, 3, 10):
-        top, columns = search_module.row_best(x, n, blocks)
+        top, columns = kernels.row_best(x, n, blocks)
         assert torch.equal(top, want.values[:, :n])
         assert torch.equal(columns.sort(dim=1).values, want.indices[:, :n].sort(dim=1).values)
         assert torch.equal(x.gather(1, columns), top)
@@ -340,7 +340,7 @@ def test_row_best_takes_the_lowest_columns_of_equal_values(V, blocks, blocks_at_
         top, columns = x.topk(n + 1, dim=1)
         tied = top[:, n - 1] == top[:, n]
         top, columns = top[:, :n], columns[:, :n]
-        columns = search_module._lowest_columns(x, top, columns, tied)
+        columns = kernels.lowest_columns(x, top, columns, tied)
         assert torch.equal(columns.sort(dim=1).values, want.indices[:, :n].sort(dim=1).values)
 
 
@@ -379,8 +379,8 @@ def rows_to_rank(V: int, g: torch.Generator) -> torch.Tensor:
 def blocks_at_any_size(monkeypatch):
     """`row_topk` and `row_argmax` read blocks of an x of any number of elements (they leave
     small ones to the plain ops), so that small test rows take the path large ones take."""
-    monkeypatch.setattr(search_module, "TOPK_MIN_ELEMENTS", 0)
-    monkeypatch.setattr(search_module, "ARGMAX_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(kernels, "TOPK_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(kernels, "ARGMAX_MIN_ELEMENTS", 0)
 
 
 @pytest.mark.parametrize("V, n", [(8000, 10), (3001, 4), (1000, 3), (300, 10)])
@@ -424,7 +424,7 @@ def test_small_inputs_take_the_plain_top_k_and_argmax():
     """Below TOPK_MIN_ELEMENTS (ARGMAX_MIN_ELEMENTS) elements, one top-k (argmax) over each
     whole row: faster there than the blocks' handful of ops."""
     x = torch.randn(5, 8000, generator=torch.Generator().manual_seed(6))
-    assert x.numel() < search_module.TOPK_MIN_ELEMENTS
+    assert x.numel() < kernels.TOPK_MIN_ELEMENTS
     with Widths("topk") as seen:
         row_topk(x, 10)
     assert seen.widths == [8000]
@@ -475,13 +475,11 @@ def test_beams_are_expanded_and_finished_sentences_dropped_by_reorder():
         indices.append(index)
         return state[index]
 
-    common = dict(
-        batch_size=3, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([4, 4, 4]), **DEFAULTS
-    )
-    beam_search(step, torch.tensor([[1], [1], [1]]), reorder, beam_size=3, **common)
+    common = (hand_settings(beam_size=3, **DEFAULTS), torch.tensor([4, 4, 4]))
+    beam_search(step, torch.tensor([[1], [1], [1]]), reorder, *common)
     assert indices[0].tolist() == torch.arange(3).repeat_interleave(3).tolist()
     indices.clear()
-    beam_search(step, torch.tensor([[0], [1], [1]]), reorder, beam_size=3, **common)
+    beam_search(step, torch.tensor([[0], [1], [1]]), reorder, *common)
     assert indices[0].tolist() == (torch.arange(1, 3).repeat_interleave(3)).tolist()
 
 
@@ -497,9 +495,7 @@ def test_children_take_their_parents_rows():
 @pytest.fixture(params=["python", "numpy"])
 def reading(request, monkeypatch):
     """Beam search's candidates read in plain Python, or in numpy, whatever the batch."""
-    monkeypatch.setattr(
-        beam_candidates, "NUMPY_SENTENCES", 10**9 if request.param == "python" else 0
-    )
+    monkeypatch.setattr(candidates, "NUMPY_SENTENCES", 10**9 if request.param == "python" else 0)
     return request.param
 
 
@@ -535,9 +531,9 @@ def test_python_and_numpy_read_the_candidates_alike():
 def test_a_few_sentences_are_read_in_python_and_many_in_numpy():
     def reader(sentences: int) -> type:
         host = torch.zeros(sentences, 6, dtype=torch.float64)  # C = 2 candidates, both live
-        return type(beam_candidates.read_candidates(host, EOS, 1, 1))
+        return type(candidates.read_candidates(host, EOS, 1, 1))
 
-    n = beam_candidates.NUMPY_SENTENCES
+    n = candidates.NUMPY_SENTENCES
     assert (reader(1), reader(n - 1), reader(n)) == (
         PythonCandidates,
         PythonCandidates,
@@ -546,9 +542,9 @@ def test_a_few_sentences_are_read_in_python_and_many_in_numpy():
 
 
 def test_rows_that_stay_keep_their_places():
-    assert _in_place_order([0, 1, 2]) == [0, 1, 2]
-    assert _in_place_order([0, 2, 3, 5]) == [0, 5, 2, 3]  # 5 takes the place 1 left
-    assert _in_place_order([3, 4]) == [3, 4]
+    assert in_place_order([0, 1, 2]) == [0, 1, 2]
+    assert in_place_order([0, 2, 3, 5]) == [0, 5, 2, 3]  # 5 takes the place 1 left
+    assert in_place_order([3, 4]) == [3, 4]
 
 
 @pytest.mark.parametrize("beam_size", [None, 3])
@@ -563,11 +559,13 @@ def test_reorders_move_only_the_rows_that_must(beam_size, reading):
         return state[index]
 
     step = random_step(vocab_size=7, eos_growth=0.3)
-    common = dict(batch_size=6, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([9, 2, 9, 9, 3, 9]))
+    max_lens = torch.tensor([9, 2, 9, 9, 3, 9])
     if beam_size is None:
-        greedy_search(step, start(6), reorder, **common)
+        greedy_search(step, start(6), reorder, hand_settings(), max_lens)
     else:
-        beam_search(step, start(6), reorder, beam_size=beam_size, **common, **DEFAULTS)
+        beam_search(
+            step, start(6), reorder, hand_settings(beam_size=beam_size, **DEFAULTS), max_lens
+        )
     k = beam_size or 1
     dropped = 0
     for index, group in indices[1 if beam_size else 0 :]:
@@ -618,12 +616,14 @@ def model_search(model: Transformer, cached: bool, beam_size: int | None, **opti
     def step(tokens, state):
         return F.log_softmax(decode(tokens, state), dim=-1), state
 
-    common = dict(batch_size=5, bos_id=BOS, eos_id=EOS, max_lens=torch.tensor([9, 4, 8, 2, 6]))
+    max_lens = torch.tensor([9, 4, 8, 2, 6])
     if beam_size is None:
-        return greedy_search(step, state, lambda s, i, g: s.reorder(i, g), **common, **options)
-    options = {**DEFAULTS, **options}
+        return greedy_search(
+            step, state, lambda s, i, g: s.reorder(i, g), hand_settings(**options), max_lens
+        )
+    options = {**DEFAULTS, **options, "beam_size": beam_size}
     return beam_search(
-        step, state, lambda s, i, g: s.reorder(i, g), beam_size=beam_size, **common, **options
+        step, state, lambda s, i, g: s.reorder(i, g), hand_settings(**options), max_lens
     )
 
 
@@ -658,18 +658,26 @@ def test_cached_search_equals_uncached_search(beam_size, options):
 @pytest.mark.parametrize("autocast", [False, True])
 def test_translation_scores_are_the_models_log_probabilities(autocast, monkeypatch):
     """`search_batch`'s hypotheses score the model's log-softmax of each token (computed over
-    the step's logits in place), and autocast's half logits reach beam search as such."""
+    the step's logits in place), and autocast's half logits reach beam search as such: the
+    precision the search is asked to decode in (`decode.precision`, which `translate_ids`
+    autocasts to) says so."""
     seen, original = [], decoding.beam_search
 
-    def beam_search(*args, **options):
-        seen.append(options["half_logits"])
-        return original(*args, **options)
+    def beam_search(step, state, reorder, settings, *args):
+        seen.append(settings.half_logits)
+        return original(step, state, reorder, settings, *args)
 
     monkeypatch.setattr(decoding, "beam_search", beam_search)
     model = tiny_model().float()
     src = [[5, 9, 13, 7], [21, 30], [8, 8, 6]]
     batch = collate(src, None, PAD, BOS, EOS, range(3))
-    decode = DecodeConfig(beam_size=2, length_penalty=0.0, max_len_a=0.0, max_len_b=6)
+    decode = DecodeConfig(
+        beam_size=2,
+        length_penalty=0.0,
+        max_len_a=0.0,
+        max_len_b=6,
+        precision="bf16" if autocast else "fp32",
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         hyps = search_batch(model, batch, decode, BOS, EOS)
     assert seen == [autocast]

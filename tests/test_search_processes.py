@@ -13,10 +13,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from cli.inference import search_processes
 from cli.inference.engines import load_engine
-from cli.inference.search_processes import Cores, EngineSpec, SearchPool, SearchProcess
-from cli.training.checkpoint import CheckpointError
+from cli.runs.checkpoint import CheckpointError
+from cli.serving import processes as search_processes
+from cli.serving.processes import Cores, EngineSpec, SearchPool, SearchProcess
 
 LINES = ["y dijo dios", "la luz", "el principio de los cielos y la tierra", "hola"]
 

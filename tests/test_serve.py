@@ -23,11 +23,11 @@ import pytest
 import torch
 from test_export import sharp  # noqa: F401 - fixture
 
-from cli.commands.serve import read_page
 from cli.device import search_workers
-from cli.inference.batcher import Batcher
+from cli.inference import decoding
 from cli.inference.engines import Engine, load_engine
-from cli.inference.server import Limits, build_app
+from cli.serving.app import Limits, build_app, read_page
+from cli.serving.batcher import Batcher
 from data.errors import InputError
 from model.search import Hypothesis
 
@@ -148,6 +148,30 @@ def test_a_request_is_translated_as_tf_translate_does(engine, trained):
     assert body["translations"] == direct.stdout.splitlines()
 
 
+def test_a_sentence_over_the_models_limit_is_translated_in_parts_as_tf_translate_does(
+    engine, trained
+):
+    """Issue 69: tf serve cuts nothing either: a sentence over the model's limit (and one in a
+    document) is translated in parts and joined, word for word as `tf translate` writes it."""
+    from typer.testing import CliRunner
+
+    from cli.main import app as cli_app
+
+    long = "Y dijo Dios: Sea la luz. " * 60  # ~600 pieces, over the tiny model's limit
+    assert len(engine.tokenizer.encode_src([long.strip()])[0]) > engine.config.model.max_positions
+    direct = CliRunner().invoke(
+        cli_app, ["translate", str(trained), "--beam", "2"], input=f"hola\n{long}\n"
+    )
+    assert direct.exit_code == 0, direct.output
+    with serving(build_app(engine, "run", "pytorch")) as url:
+        status, body, _ = call(f"{url}/translate", {"text": ["hola", long], "beam": 2})
+        doc_status, doc, _ = call(
+            f"{url}/translate", {"text": f"hola\n\n{long}", "beam": 2, "format": "document"}
+        )
+    assert status == 200 and body["translations"] == direct.stdout.splitlines()
+    assert doc_status == 200 and doc["translation"].count("\n\n") == 1
+
+
 @pytest.mark.parametrize(
     "body, status, says",
     [
@@ -157,7 +181,11 @@ def test_a_request_is_translated_as_tf_translate_does(engine, trained):
         ({"text": "hola"}, 400, "list of sentences"),
         ({"text": ["hola", 3]}, 400, "text[1] must be a string"),
         ({"text": ["hola"] * 5}, 413, "at most 4"),
-        ({"text": ["hola " * 300]}, 400, "text[0]: "),
+        (
+            {"text": ["hola", {"text": "hola " * 300, "constraints": ["hola"]}]},
+            400,
+            "text[1]: constraints on a line over the model's limit",
+        ),
         ({"text": ["hola"], "beam": 0}, 400, '"beam"'),
         ({"text": ["hola"], "beam": "5"}, 400, '"beam"'),
         ({"text": ["hola"], "beam": True}, 400, '"beam"'),
@@ -187,6 +215,13 @@ def test_a_request_is_translated_as_tf_translate_does(engine, trained):
         ),
         ({"text": ["hola"], "beam": None}, 400, '"beam"'),
         (b'{"text": ["hola"], "beam": NaN}', 400, '"beam"'),
+        ({"text": "hola", "format": "html"}, 400, '"format" must be one of'),
+        ({"text": "hola", "format": ["document"]}, 400, '"format" must be one of'),
+        ({"text": ["hola"], "format": "document"}, 400, '"text" must be one string'),
+        ({"text": "Hola. " * 5, "format": "document"}, 413, "5 sentences; at most 4"),
+        ({"text": "Hola.\n\nla \u0000 luz", "format": "document"}, 400, "text: "),
+        ({"text": "- \ud800\nhola", "format": "document"}, 400, "text: a lone surrogate"),
+        ({"text": "1\n00:00:01,000 --> 00:00:02\nhola\n", "format": "srt"}, 400, "text:2: "),
     ],
 )
 def test_bad_requests_get_a_4xx_and_a_one_line_json_error(engine, body, status, says):
@@ -285,10 +320,10 @@ def free_port() -> int:
 @pytest.mark.parametrize("kind", ["run", "ctranslate2", "ensemble"])
 def test_tf_serve_starts_from_the_command_line(trained, sharp, tmp_path, kind):  # noqa: F811
     """The real command, for a run, for an exported CTranslate2 directory and for an ensemble
-    of two runs, whose requests join the search processes' lanes (searched whole there)."""
+    of two runs, whose requests the search processes search whole."""
     target, options = trained, []
     if kind == "ensemble":
-        options = [str(sharp), "--schedule", "steps", "--set", "decode.precision=fp32"]
+        options = [str(sharp), "--set", "decode.precision=fp32"]
     if kind == "ctranslate2":
         pytest.importorskip("ctranslate2")
         target = tmp_path / "ct2"
@@ -710,6 +745,75 @@ def test_no_sentences_get_no_translations_as_a_list(engine):
     assert (status, body) == (200, {"translations": ["", ""]})
 
 
+DOCUMENT = (
+    "  # El principio\n\nY dijo dios: la luz. La luz\r\nde los cielos y la tierra.\n\n- hola\n"
+)
+SUBTITLES = (
+    "1\n00:00:01,000 --> 00:00:02,000\nY dijo dios\n\n2\n00:00:02,500 --> 00:00:04,000\nla luz.\n"
+)
+
+
+@pytest.mark.parametrize(
+    "form, text, sentences",
+    [
+        (
+            "document",
+            DOCUMENT,
+            ["El principio", "Y dijo dios: la luz.", "La luz de los cielos y la tierra.", "hola"],
+        ),
+        ("srt", SUBTITLES, ["Y dijo dios la luz."]),
+        ("document", "", []),
+        ("document", "\n \r\n\n", []),
+    ],
+)
+def test_a_document_is_translated_by_sentences_and_answered_with_its_layout(
+    engine, form, text, sentences
+):
+    """A body of "format" "document" (or "srt"): the server splits its "text" into sentences,
+    searches each as a line of its own, and answers the document written back around their
+    translations: with a search that answers each source with itself, the document as it
+    was (heading marks, blank lines, CRLF, a sentence over two lines, a list marker)."""
+    gate = Gate()
+    gate.open.set()
+    echo = echo_engine(engine)
+    with serving(build_app(echo, "echo", "test", search=gate.search)) as url:
+        status, body, _ = call(f"{url}/translate", {"format": form, "text": text})
+    assert (status, body) == (200, {"translation": text})
+    assert echo.tokenizer.decode_tgt(gate.searched) == sentences
+
+
+def test_a_documents_sentences_share_a_batch_with_other_requests_lines(engine):
+    """A document's sentences are ordinary lines to the batcher: searched in one group with
+    another client's sentences that waited beside them."""
+    gate, echo = Gate(), echo_engine(engine)
+    app = build_app(echo, "echo", "test", Limits(max_wait=0.5), search=gate.search)
+    bodies = [
+        {"text": ["hola"]},
+        {"format": "document", "text": "Y dijo dios.\n\nLa luz."},
+        {"text": ["el principio"]},
+    ]
+    answers: list[tuple] = []
+    with serving(app) as url:
+        batcher = app.state.batcher
+        clients = [
+            threading.Thread(target=lambda b=b: answers.append(call(f"{url}/translate", b)))
+            for b in bodies
+        ]
+        clients[0].start()
+        assert gate.entered.wait(30)  # the first request holds the search...
+        for client in clients[1:]:
+            client.start()
+        wait_for(lambda: batcher.waiting == 2)  # ... while the other two queue behind it
+        gate.open.set()
+        for client in clients:
+            client.join(timeout=30)
+    assert sorted(status for status, *_ in answers) == [200] * 3
+    assert {"translation": bodies[1]["text"]} in [body for _, body, _ in answers]
+    assert [n for n, _ in gate.calls] == [1, 3]  # the document's two sentences and a line
+    searched = sorted(echo.tokenizer.decode_tgt(gate.searched[1:]))
+    assert searched == ["La luz.", "Y dijo dios.", "el principio"]
+
+
 @pytest.mark.parametrize(
     "kind", [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data"]
 )
@@ -742,10 +846,6 @@ def engine_with_beam(engine: Engine, beam: int) -> Engine:
         (["--beam", "40"], "error: the server's beam (--beam, decode.beam_size) must be"),
         (["--set", "decode.beam_size=33"], "got 33"),
         (["--max-queue", "0"], "error: --max-queue must be 1 or more, got 0"),
-        (["--schedule", "steps", "--max-rows", "0"], "error: --max-rows must be 1 or more, got 0"),
-        (["--max-rows", "64"], "error: --max-rows is for --schedule steps"),
-        (["--schedule", "steps", "--max-wait", "5"], "error: --max-wait is for --schedule groups"),
-        (["--schedule", "fast"], "error: --schedule must be groups or steps, got 'fast'"),
         (["--timeout", "0"], "error: --timeout must be a number of seconds above 0, got 0.0"),
         (["--max-wait", "nan"], "error: --max-wait must be 0 or more, got nan"),
         (["--max-wait", "1e13"], "error: --max-wait 1e+13 ms must be shorter than --timeout"),
@@ -789,17 +889,14 @@ def test_a_sentence_can_ask_for_a_prefix_and_constraints(engine, trained):
     assert "God" in third and "of Israel" in third
 
 
-@pytest.mark.parametrize("schedule", ["groups", "steps"])
-def test_an_ensemble_is_served_as_tf_translate_decodes_it(trained, sharp, schedule):  # noqa: F811
-    """`tf serve RUN RUN2`: the command takes several runs, under either schedule (it took
-    one, and refused steps for an ensemble), and a request gets `tf translate RUN RUN2`'s
-    translations: whole groups, or searched whole between the lanes' steps."""
+def test_an_ensemble_is_served_as_tf_translate_decodes_it(trained, sharp):  # noqa: F811
+    """`tf serve RUN RUN2`: the command takes several runs (it took one), and a request gets
+    `tf translate RUN RUN2`'s translations, searched in whole groups."""
     from typer.testing import CliRunner
 
-    from cli.inference.lanes import ThreadWorker
     from cli.main import app as cli_app
 
-    args = ["serve", str(trained), str(sharp), "--schedule", schedule, "--host", "256.0.0.0"]
+    args = ["serve", str(trained), str(sharp), "--host", "256.0.0.0"]
     done = CliRunner().invoke(cli_app, args)  # loads both, then meets the bad address
     assert done.exit_code == 2 and "--host 256.0.0.0" in done.stderr, done.output
     settings = ["--beam", "2", "--set", "decode.precision=fp32"]
@@ -810,34 +907,35 @@ def test_an_ensemble_is_served_as_tf_translate_decodes_it(trained, sharp, schedu
     cpu = torch.device("cpu")
     engine = load_engine([str(trained), str(sharp)], cpu, ["decode.beam_size=2",
                                                           "decode.precision=fp32"])  # fmt: skip
-    joining = [ThreadWorker(engine, cpu)] if schedule == "steps" else None
-    app = build_app(engine, [str(trained), str(sharp)], "pytorch", joining=joining)
-    try:
-        with serving(app) as url:
-            status, body, _ = call(f"{url}/translate", {"text": LINES})
-            health = call(f"{url}/health")[1]
-    finally:
-        for worker in joining or []:
-            worker.close()
+    app = build_app(engine, [str(trained), str(sharp)], "pytorch")
+    with serving(app) as url:
+        status, body, _ = call(f"{url}/translate", {"text": LINES})
+        health = call(f"{url}/health")[1]
     assert status == 200 and body["translations"] == direct.stdout.splitlines()
     assert health["model"] == "run + run"
 
 
-def test_tf_serve_refuses_steps_for_a_ctranslate2_directory(trained, tmp_path):
-    """Continuous batching runs tf's own search: a CTranslate2 directory served with it would
-    quietly batch whole groups, so it is refused in one line."""
-    pytest.importorskip("ctranslate2")
-    from typer.testing import CliRunner
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_translate_and_serve_search_with_the_same_settings(trained, precision, monkeypatch):
+    """One mapping from decode settings to a search's (`decoding.search_settings`): the lines
+    of `tf translate` and a `tf serve` request asking the server's beam are searched with
+    equal `SearchSettings`, whose `half_logits` says whether the logits are half: the
+    precision asked (bf16), as `translate_ids` autocasts to it, on both paths alike."""
+    built, real = [], decoding.search_settings
 
-    from cli.main import app as cli_app
+    def recorded(*args):
+        built.append(real(*args))
+        return built[-1]
 
-    target = tmp_path / "ct2"
-    done = CliRunner().invoke(
-        cli_app, ["export", str(trained), "--to", "ctranslate2", "-o", str(target)]
-    )
-    assert done.exit_code == 0, done.output
-    args = ["serve", str(target), "--host", "256.0.0.0", "--schedule", "steps"]
-    done = CliRunner().invoke(cli_app, args)
-    assert done.exit_code == 2, done.output
-    assert "--schedule steps joins requests to a running search" in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
+    monkeypatch.setattr(decoding, "search_settings", recorded)
+    cpu = torch.device("cpu")
+    engine = load_engine(str(trained), cpu, ["decode.beam_size=3", f"decode.precision={precision}"])
+    translated = [hyps[0].tokens for _, hyps in engine.stream(LINES, "<test>")]
+    by_translate, built[:] = set(built), []
+    with serving(build_app(engine, "run", "pytorch")) as url:
+        status, body, _ = call(f"{url}/translate", {"text": LINES})
+    assert status == 200, body
+    assert body["translations"] == engine.tokenizer.decode_tgt(translated)
+    assert set(built) == by_translate and len(by_translate) == 1
+    (settings,) = by_translate
+    assert settings.beam_size == 3 and settings.half_logits == (precision == "bf16")

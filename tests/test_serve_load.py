@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from cli.inference.engines import Engine, load_engine
-from cli.inference.server import build_app
+from cli.serving.app import build_app
 
 pytest.importorskip("uvicorn")  # the `serve` extra; `make test` installs it
 from test_serve import serving  # noqa: E402 - after the skip: it imports uvicorn's users

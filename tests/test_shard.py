@@ -16,9 +16,10 @@ import torch.multiprocessing as mp
 from test_distributed import COMMON, free_port, join, rank_trainer
 
 from cli.config import ConfigError, load_config
+from cli.runs.checkpoint import load_checkpoint
+from cli.runs.run_dir import RunDir
 from cli.training import distributed, shard
-from cli.training.checkpoint import load_checkpoint
-from cli.training.run import RunDir, TrainingError
+from cli.training.run import TrainingError
 from cli.training.trainer import Trainer
 
 STEPS = 3

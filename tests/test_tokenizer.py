@@ -147,12 +147,9 @@ def test_a_checkpoint_recording_the_digest_of_the_files_bytes_still_loads(traine
 
     import torch
 
-    from cli.training.checkpoint import (
-        CheckpointError,
-        load_checkpoint,
-        load_for_inference,
-        resolve_checkpoint,
-    )
+    from cli.runs.checkpoint import CheckpointError, load_checkpoint
+    from cli.runs.model_dirs import resolve_checkpoint
+    from cli.runs.models import load_for_inference
 
     run = shutil.copytree(trained, tmp_path / "older")
     tokenizer = Tokenizer.load(run / "tokenizer")
@@ -178,7 +175,8 @@ def test_a_run_resumed_across_the_digest_change_averages_its_step_checkpoints(tr
     import torch
 
     from cli.commands.average import run_average
-    from cli.training.checkpoint import load_checkpoint, resolve_checkpoint
+    from cli.runs.checkpoint import load_checkpoint
+    from cli.runs.model_dirs import resolve_checkpoint
 
     run = shutil.copytree(trained, tmp_path / "resumed")
     tokenizer = Tokenizer.load(run / "tokenizer")

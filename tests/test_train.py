@@ -15,8 +15,9 @@ import torch
 
 from cli.commands.train import run_train
 from cli.config import load_config
+from cli.runs.checkpoint import load_checkpoint
+from cli.runs.models import load_for_inference
 from cli.training import distributed
-from cli.training.checkpoint import load_checkpoint, load_for_inference
 from cli.training.run import TrainingError, resume_config, start_run
 from cli.training.trainer import Trainer
 from data.batching import collate
@@ -212,11 +213,11 @@ def test_the_weight_average_is_validated_saved_and_translated(tmp_path, tiny_pre
     trainer.optimizer.register_step_post_hook(fold_in)
     trainer.fit()
     assert step == 3
-    average = dict(trainer.average.model.named_parameters())
+    average = dict(trainer.weights.average.model.named_parameters())
     for n, p in trainer.model.named_parameters():
         torch.testing.assert_close(average[n], expected[n], rtol=0, atol=1e-6, msg=n)
         assert not torch.equal(average[n], p), n  # an average, not the last weights
-    assert trainer.model_of_record is trainer.average.model
+    assert trainer.weights.of_record is trainer.weights.average.model
     last = load_checkpoint(trainer.run.checkpoints / "last.pt")
     inference, _, _ = load_for_inference(trainer.run.path, torch.device("cpu"))
     for n, p in inference.named_parameters():

@@ -120,7 +120,7 @@ def test_the_wheel_holds_every_package_and_data_file_of_the_tree(wheel, source):
     in_wheel = {name for name in names if name.split("/")[0] in PACKAGES}
     assert sorted(shipped_files(source) - in_wheel) == []  # (what the wheel lacks)
     assert sorted(in_wheel - shipped_files(source)) == []
-    assert "cli/importers/fairseq.py" in names and "configs/tiny.yaml" in names
+    assert "cli/families/fairseq.py" in names and "configs/tiny.yaml" in names
     assert any(name.startswith("data/corpora/bible-es-en/") for name in names)
     assert any(name.startswith("cli/") and name.endswith(".html") for name in names)
 

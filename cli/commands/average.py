@@ -6,14 +6,15 @@ from pathlib import Path
 
 import torch
 
-from cli.training.checkpoint import (
+from cli.runs.checkpoint import (
     CheckpointError,
+    checkpoint_dict,
     load_checkpoint,
-    load_for_inference,
-    resolve_checkpoint,
     save_atomic,
 )
-from cli.training.run import RunDir
+from cli.runs.model_dirs import resolve_checkpoint
+from cli.runs.models import load_for_inference
+from cli.runs.run_dir import RunDir
 from data.errors import InputError
 from data.files import check_output
 from data.tokenizer import Tokenizer
@@ -93,13 +94,10 @@ def run_average(sources: list[str], last: int, output: Path) -> str:
                 "to average must share one"
             )
     newest = ckpts[-1]
-    averaged = {
-        "format": newest["format"],
-        "model": average_state_dicts([weights(c, p) for c, p in zip(ckpts, paths)], paths),
-        "config": newest["config"],
-        "tokenizer_digest": digests[-1],
-        "step": newest.get("step"),
-        "averaged_from": [str(p) for p in paths],
-    }
+    mean = average_state_dicts([weights(c, p) for c, p in zip(ckpts, paths)], paths)
+    averaged_from = [str(p) for p in paths]
+    averaged = checkpoint_dict(
+        mean, newest["config"], digests[-1], newest.get("step"), averaged_from=averaged_from
+    )
     save_atomic(averaged, output)
     return f"{output}: mean of {len(paths)} checkpoints ({', '.join(p.name for p in paths)})"

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from cli.device import pick_device
+from cli.inference.decoding import hypothesis_texts
 from cli.inference.engines import load_engine
 from cli.inference.scoring import check_parallel, score
 from data.text import read_file_lines
@@ -36,11 +37,11 @@ def run_compare(
                 run, device, [f"decode.beam_size={beam}", "decode.nbest=1"], to=to, frm=frm
             )
             start = time.perf_counter()
-            hyps = [h[0].tokens for _, h in engine.stream(sources, str(src))]
+            hyps = [h[0] for _, h in engine.stream(sources, str(src))]
             speeds[name] = len(sources) / (time.perf_counter() - start)
             if name == "beam5":
-                scores = score(engine.tokenizer.decode_tgt(hyps), refs)
-        params = engine.model.num_parameters() if engine.model is not None else 0
+                scores = score(hypothesis_texts(engine.tokenizer, hyps), refs)
+        params = engine.parameters
         rows.append(
             (
                 run,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.device import pick_device
+from cli.inference.decoding import hypothesis_texts
 from cli.inference.engines import Engine, load_engine
 from cli.inference.scoring import check_parallel, score
 from data.config import direction_name
@@ -64,7 +65,7 @@ def run_eval(
         if limit:
             srcs, refs = srcs[:limit], refs[:limit]
         out = engine.stream(srcs, str(src))
-        hyps = engine.tokenizer.decode_tgt([h[0].tokens for _, h in out])
+        hyps = hypothesis_texts(engine.tokenizer, [h[0] for _, h in out])
         made = made_by(engine)
     result = score(hyps, refs) | made
     if as_json:

@@ -1,7 +1,7 @@
 """`tf export`: a trained model for CTranslate2 or Hugging Face `transformers` (a directory
 that `AutoModelForSeq2SeqLM` and `AutoTokenizer` load, with a model card to upload as it is):
-a `MarianMTModel`, or the class of an NLLB-200, M2M100 or mBART-50 layout
-(`cli.exporters.m2m100`), whichever the model's switches are."""
+a `MarianMTModel`, or the class of an NLLB-200, M2M100 or mBART-50 layout, whichever family's
+switches the model's are (`cli.families.registry.exporting_family`)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ import torch
 
 from cli.config import Config
 from cli.exporters.ctranslate2 import export_ctranslate2
-from cli.exporters.m2m100 import export_m2m100, huggingface_family
-from cli.exporters.marian import export_marian
-from cli.exporters.model_card import ctranslate2_problem, model_card, run_scores
-from cli.training.checkpoint import load_checkpoint, load_for_inference, resolve_checkpoint
+from cli.exporters.model_card import Exported, model_card, run_scores
+from cli.families.family import Family
+from cli.families.registry import exporting_family
+from cli.runs.checkpoint import load_checkpoint
+from cli.runs.model_dirs import resolve_checkpoint
+from cli.runs.models import load_for_inference
 from data.errors import InputError
 from data.files import check_output_dir
-from data.tokenizer import Tokenizer
+from data.tokenizer_base import BaseTokenizer
 from model.transformer import Transformer
 
 ENGINES = {"ctranslate2": "ctranslate2", "huggingface": "transformers"}
@@ -36,15 +38,15 @@ def export_inputs(run: str) -> list[Path]:
     return inputs + [run_dir.path] if checkpoint.parent == run_dir.checkpoints else inputs
 
 
-def export_huggingface(model: Transformer, tokenizer: Tokenizer, config: Config, out: Path) -> None:
+def export_huggingface(
+    model: Transformer, tokenizer: BaseTokenizer, config: Config, out: Path
+) -> Family:
     """The Hugging Face class that runs the model, into `out`: M2M100's or mBART's for their
     layouts (Pre-LN, fairseq or learned positions), else Marian's; what none runs is refused
-    in one line (`huggingface_family`, each exporter's `check_exportable`)."""
-    family = huggingface_family(model.config)
-    if family is None:
-        export_marian(model, tokenizer, config, out)
-    else:
-        export_m2m100(family, model, tokenizer, config, out)
+    in one line (`exporting_family`, each family's `check_exportable`). Returns the family."""
+    family = exporting_family(model.config)
+    family.export(model, tokenizer, config, out)
+    return family
 
 
 def run_export(run: str, to: str, out: Path, quantization: str | None, force: bool = False) -> str:
@@ -65,16 +67,17 @@ def run_export(run: str, to: str, out: Path, quantization: str | None, force: bo
     staging = out.with_name(f".{out.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     changed = []
+    exported: Exported | None = None  # what the card says of a Hugging Face export's class
     try:
         if to == "ctranslate2":
             changed = export_ctranslate2(model, tokenizer, config, staging, quantization)
         else:
             staging.mkdir(parents=True)
-            export_huggingface(model, tokenizer, config, staging)
+            family = export_huggingface(model, tokenizer, config, staging)
+            exported = family.exported(model, tokenizer)
             ckpt = load_checkpoint(resolve_checkpoint(run)[0])
-            card = model_card(
-                model, tokenizer, config, ckpt.get("step"), run_scores(run), ckpt.get("imported")
-            )
+            step, imported = ckpt.get("step"), ckpt.get("imported")
+            card = model_card(model, tokenizer, config, exported, step, run_scores(run), imported)
             (staging / "README.md").write_text(card, encoding="utf-8")
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)
@@ -83,7 +86,7 @@ def run_export(run: str, to: str, out: Path, quantization: str | None, force: bo
     done = f"{out}: {to} model ({model.num_parameters() / 1e6:.2f}M parameters)"
     if changed:  # an imported model's transformers rules, which CTranslate2 has not
         done += f"\nnote: decoding as CTranslate2 searches: {'; '.join(changed)}"
-    problem = ctranslate2_problem(model, tokenizer) if to == "huggingface" else None
+    problem = exported.problem if exported is not None else None
     if problem:  # said where a user converting it looks first, and in the model card
         done += f"\nnote: ct2-transformers-converter would not convert it exactly: {problem}; "
         done += "tf export --to ctranslate2 does"

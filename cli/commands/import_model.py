@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cli.importers.families import import_model
+from cli.families.registry import import_model
 
 
 def run_import(source: str, out: Path, force: bool) -> str:

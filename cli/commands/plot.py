@@ -71,7 +71,7 @@ def plot_curves(run_dir: Path, out_png: Path) -> Path:
     Returns:
         out_png.
     """
-    from cli.training.run import RunDir
+    from cli.runs.run_dir import RunDir
     from data.files import atomic_output, check_output
 
     check_output(out_png)

@@ -19,13 +19,9 @@ from pathlib import Path
 import torch
 
 from cli.config import Config
-from cli.training.checkpoint import (
-    FORMAT,
-    build_model,
-    load_for_inference,
-    resolve_checkpoint,
-    save_atomic,
-)
+from cli.runs.checkpoint import checkpoint_dict, save_atomic
+from cli.runs.model_dirs import resolve_checkpoint
+from cli.runs.models import build_model, load_for_inference
 from data.errors import InputError
 from data.files import check_output
 from data.tokenizer import Tokenizer
@@ -43,16 +39,10 @@ def run_prune(run: str, out: Path, heads: int, ffn: float) -> str:
     source, _ = resolve_checkpoint(run)
     if copy:  # first: `tf translate OUT` finds the tokenizer next to it
         copy_tokenizer(tokenizer, beside)
-    save_atomic(
-        {
-            "format": FORMAT,
-            "model": pruned.state_dict(),
-            "config": new_config.to_dict(),
-            "tokenizer_digest": tokenizer.digest(),
-            "pruned_from": str(source),
-        },
-        out,
+    ckpt = checkpoint_dict(
+        pruned.state_dict(), new_config.to_dict(), tokenizer.digest(), pruned_from=str(source)
     )
+    save_atomic(ckpt, out)
     before, after = model.num_parameters(), pruned.num_parameters()
     return f"{out}: {after / 1e6:.2f}M parameters (from {before / 1e6:.2f}M)"
 

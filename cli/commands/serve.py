@@ -1,7 +1,7 @@
 """`tf serve`: translation over HTTP, for a run or an exported CTranslate2 directory.
 
-The application (routes, checks, batching) is `cli.inference.server`; this is the command: its
-options checked, the engine loaded, uvicorn started.
+The application (routes, checks, batching, search processes) is `cli.serving`; this is the
+command: its options checked, the engine loaded, uvicorn started.
 """
 
 from __future__ import annotations
@@ -10,56 +10,27 @@ import logging
 import math
 import socket
 from dataclasses import replace
-from importlib import resources
 
 from cli.device import pick_device, search_workers
-from cli.inference.engines import Engine, load_engine
-from cli.inference.lanes import MAX_ROWS, ThreadWorker
-from cli.inference.search_processes import EngineSpec, SearchPool
-from cli.inference.server import Limits, build_app, check_engine, shown_name
+from cli.inference.engines import load_engine
+from cli.serving.app import Limits, build_app, check_engine, read_page, shown_name
+from cli.serving.processes import EngineSpec, SearchPool
 from data.errors import InputError
 
 log = logging.getLogger(__name__)
 
 
-def read_page() -> str:
-    """The page at /: a Spanish box, a beam field and the English."""
-    return resources.files("cli.commands").joinpath("page.html").read_text(encoding="utf-8")
-
-
-def engine_kind(engine: Engine, int8: bool) -> str:
-    if engine.model is None:
-        return "ctranslate2"
-    return "pytorch-int8" if int8 else "pytorch"
-
-
-def schedule_limits(
-    schedule: str, max_wait: float | None, max_rows: int | None
-) -> tuple[float, int]:
-    """`--max-wait` (milliseconds, as seconds) and `--max-rows` with their defaults: each
-    belongs to one schedule, and one given to the other would change nothing, so it is
-    refused rather than ignored."""
-    if schedule not in ("groups", "steps"):
-        raise InputError(f"--schedule must be groups or steps, got {schedule!r}")
-    if schedule == "groups" and max_rows is not None:
-        raise InputError("--max-rows is for --schedule steps; groups are bounded by --max-queue")
-    if schedule == "steps" and max_wait is not None:
-        raise InputError("--max-wait is for --schedule groups; with steps a request joins at once")
-    max_wait = DEFAULT_MAX_WAIT_MS if max_wait is None else max_wait
+def wait_seconds(max_wait: float) -> float:
+    """`--max-wait`, in milliseconds, as seconds."""
     if not 0 <= max_wait < float("inf"):  # NaN too
         raise InputError(f"--max-wait must be 0 or more, got {max_wait}")
-    return max_wait / 1000, MAX_ROWS if max_rows is None else max_rows
-
-
-DEFAULT_MAX_WAIT_MS = 20.0
+    return max_wait / 1000
 
 
 def check_options(port: int, limits: Limits) -> None:
     """The command's own options, each wrong one in one line, before anything loads."""
     if limits.max_lines < 1:
         raise InputError(f"--max-lines must be 1 or more, got {limits.max_lines}")
-    if limits.max_rows < 1:
-        raise InputError(f"--max-rows must be 1 or more, got {limits.max_rows}")
     if limits.max_queue < 1:
         raise InputError(f"--max-queue must be 1 or more, got {limits.max_queue}")
     if limits.workers < 0:
@@ -116,26 +87,17 @@ def run_serve(
     device = pick_device(device_name)
     engine = load_engine(runs, device, overrides, int8, to, frm)
     check_engine(engine)  # before any search process loads it again
-    if limits.schedule == "steps" and engine.model is None:
-        raise InputError(
-            f"{shown_name(runs)}: --schedule steps joins requests to a running search of tf's "
-            "own models; serve a CTranslate2 directory with --schedule groups"
-        )
     check_address(host, port)
-    workers, threads = search_workers(device, limits.workers, own_threads=engine.model is None)
-    pool, joining = None, None
-    if device.type == "cpu" and engine.model is not None:  # PyTorch on CPUs: in processes
+    workers, threads = search_workers(device, limits.workers, own_threads=engine.own_threads)
+    pool = None
+    if device.type == "cpu" and engine.kind == "pytorch":  # tf's own search: in processes
         spec = EngineSpec(runs, str(device), overrides, int8, to, frm)
-        pool = SearchPool(spec, workers, threads, limits.max_rows)
+        pool = SearchPool(spec, workers, threads)
         pool.wait_ready()
-        joining = pool.processes if limits.schedule == "steps" else None
         threads = 0  # the processes have theirs; the batcher's threads only wait on them
-    elif engine.model is not None and limits.schedule == "steps":  # a GPU: a thread of ours
-        joining = [ThreadWorker(engine, device, limits.max_rows)]
     limits = replace(limits, workers=workers, threads=threads)
     try:
-        page = read_page()
-        app = build_app(engine, runs, engine_kind(engine, int8), limits, page, pool, joining)
+        app = build_app(engine, runs, engine.label, limits, read_page(), pool)
         log.info(
             "serving %s on http://%s:%d/ with %d search %s (Ctrl-C stops)",
             shown_name(runs),

@@ -13,17 +13,11 @@ from pathlib import Path
 import torch
 
 from cli.config import Config, load_config, save_config
+from cli.runs.run_dir import RunDir, anchored
 from cli.training import distributed
-from cli.training.checkpoint import with_init
+from cli.training.init import with_init
 from cli.training.preflight import check_settings
-from cli.training.run import (
-    RunDir,
-    TrainingError,
-    anchored,
-    check_restart,
-    resume_config,
-    start_run,
-)
+from cli.training.run import TrainingError, check_restart, resume_config, start_run
 from cli.training.trainer import Trainer
 from data.files import atomic_output
 from data.pipeline import check_before_work
@@ -59,7 +53,7 @@ def run_train(config: Config, out: Path, resume: bool, force: bool = False) -> s
     try:
         trainer = start(config, out, resume, force, dd, device)
         try:
-            with trainer.signals_stop():
+            with trainer.signals.caught():  # SIGINT/SIGTERM: last.pt saved, then stop
                 reason = trainer.fit()
         finally:
             trainer.close()  # the prefetching thread, whether training ended or failed

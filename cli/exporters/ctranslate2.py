@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from cli.config import TF_CONFIG, Config, DecodeConfig
+from cli.config import Config, DecodeConfig
 from cli.exporters.published import copy_tokenizer_models, save_published_config
 from data.errors import InputError
 from data.tokenizer import Tokenizer
@@ -40,12 +40,6 @@ CT2_ACTIVATIONS = {"relu": "RELU", "swish": "SWISH", "gelu": "GELU"}
 # A logit this far below the others has a probability of exactly 0 in float32 and float16 alike
 # (exp(-1e4) underflows both), and stays finite where -inf could make a kernel's NaN.
 PAD_BIAS = -1e4
-
-
-def is_ctranslate2_dir(path: str | Path) -> bool:
-    """Whether `path` is a CTranslate2 model directory written by `tf export`."""
-    path = Path(path)
-    return (path / "model.bin").is_file() and (path / TF_CONFIG).is_file()
 
 
 def export_ctranslate2(

@@ -2,17 +2,15 @@
 exactly as `Tokenizer.encode_src` does and appends nothing.
 
 MarianTokenizer appends an EOS to every source, with no way to turn that off, and our models
-take sources without one: a model given the extra token translates differently (a `small` of
-130 updates: 35 of the first 100 test lines as `tf translate --greedy`; with this tokenizer, all
-100 when the length limit is one number, and every line tf ends before its limit otherwise).
-One case is tf's own: a reserved tag ("<bt> text", a multilingual model's "<2en> text") is the
-tag's id without the "▁" SentencePiece puts before it, and the tags a line starts with are
-followed by the rest encoded as a sentence of its own ("<2en>Y" is "<2en> Y", as training puts
-tag ids before the encoded text). A fast tokenizer built from the same SentencePiece model,
-with no post-processor, gives the model exactly what `tf` gives it, so `AutoTokenizer` and
-`generate` need no extra lines; its ids are the export's (`<pad>` last, OPUS-MT's layout:
-`cli.exporters.marian.vocabulary_order`). Built with `tokenizers` itself, following the
-model's own settings, as SentencePiece encodes:
+take sources without one: a model given the extra token translates differently (how much:
+docs/performance.md). One case is tf's own: a reserved tag ("<bt> text", a multilingual
+model's "<2en> text") is the tag's id without the "▁" SentencePiece puts before it, and the
+tags a line starts with are followed by the rest encoded as a sentence of its own ("<2en>Y"
+is "<2en> Y", as training puts tag ids before the encoded text). A fast tokenizer built from
+the same SentencePiece model, with no post-processor, gives the model exactly what `tf` gives
+it, so `AutoTokenizer` and `generate` need no extra lines; its ids are the export's (`<pad>`
+last, OPUS-MT's layout: `cli.families.marian.vocabulary_order`). Built with `tokenizers`
+itself, following the model's own settings, as SentencePiece encodes:
 
 - normalizer: the model's precompiled character map (nmt_nfkc), then its whitespace rules:
   leading, trailing and repeated spaces removed, spaces escaped as "▁", the "▁" dummy prefix;
@@ -159,7 +157,7 @@ def write_tokenizer(
     tokenizer: Tokenizer, out: Path, max_positions: int, order: list[int] | None = None
 ) -> None:
     """tokenizer.json and tokenizer_config.json: what `AutoTokenizer.from_pretrained` loads;
-    its id i is the tokenizer's id order[i] (`cli.exporters.marian.vocabulary_order`)."""
+    its id i is the tokenizer's id order[i] (`cli.families.marian.vocabulary_order`)."""
     from transformers import PreTrainedTokenizerFast
 
     if not tokenizer.joint:
@@ -182,7 +180,7 @@ def write_tokenizer(
 
 def exported_order(directory: Path, tokenizer: Tokenizer) -> list[int]:
     """How an export's ids map onto `tokenizer`, the run's own beside them: the export's id i
-    is the tokenizer's order[i] (`cli.exporters.marian.vocabulary_order`), read from the pieces
+    is the tokenizer's order[i] (`cli.families.marian.vocabulary_order`), read from the pieces
     of its tokenizer.json; the tokenizer's own ids where it wrote none (a Marian tokenizer's
     files keep theirs).
 

@@ -5,25 +5,45 @@ sacrebleu signatures, and how to load it. The scores are those of RUN/eval.json 
 or `tf eval RUN --json > RUN/eval.json`) when that file scored the exported checkpoint (`tf
 eval RUN` decodes RUN's best.pt, else last.pt) after it was written; export computes none of
 its own (decoding the test set would make every export minutes long), and says how to get them.
+
+What the card says of the class an export wrote (its name, its Hub tag, what CTranslate2's own
+converter makes of it) is the family's (`Exported`, which each record of `cli.families`
+gives); the rest asks the tokenizer (`BaseTokenizer`) and the run's config.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from cli.config import Config
-from cli.exporters.m2m100 import M2M100, MBART, huggingface_family
 from cli.exporters.published import published_config
 from cli.inference.languages import with_languages
-from cli.training.checkpoint import CheckpointError, resolve_checkpoint
+from cli.runs.checkpoint import CheckpointError
+from cli.runs.model_dirs import resolve_checkpoint
 from data.config import DataConfig, direction_name
 from data.errors import counted
-from data.fairseq import FairseqTokenizer
 from data.files import shown_spec
-from data.marian import MarianTokenizer
 from data.tokenizer import Tokenizer
 from model.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What the card says of the Hugging Face class an export wrote (its family's).
+
+    Attributes:
+        model_class: the transformers class ("MarianMTModel").
+        hub_tag: the Hub's tag of its models (their model_type).
+        converter: what CTranslate2's own converter makes of it, where it converts exactly.
+        problem: why that converter would not convert this model exactly, or None.
+    """
+
+    model_class: str
+    hub_tag: str
+    converter: str
+    problem: str | None
 
 
 def run_scores(run: str) -> dict[str, Any] | None:
@@ -50,13 +70,15 @@ def model_card(
     model: Transformer,
     tokenizer: Tokenizer,
     config: Config,
+    exported: Exported,
     step: int | None,
     scores: dict[str, Any] | None,
     imported: dict[str, Any] | None = None,
 ) -> str:
-    """README.md for the exported directory: Hub metadata, then the card itself. `imported`:
-    the checkpoint's record of `tf import` (a pretrained model exported again). Paths are
-    named as the export's config names them (`published_config`): by their names alone."""
+    """README.md for the exported directory: Hub metadata, then the card itself. `exported`:
+    the family's words of its class; `imported`: the checkpoint's record of `tf import` (a
+    pretrained model exported again). Paths are named as the export's config names them
+    (`published_config`): by their names alone."""
     config = published_config(config)
     d = with_languages(config, tokenizer).data  # an older import's `>>xxx<<` tokens too
     tokens = d.lang_tokens()
@@ -65,16 +87,15 @@ def model_card(
     src, tgt = example_direction(d)
     sources = list(dict.fromkeys(s for s, _ in ways)) or [src]
     title = "multilingual" if len(d.target_langs()) > 1 else f"{'/'.join(sources)}→{tgt}"
-    exported = exported_class(model)
     metadata = [
         "---",
         "language:\n" + "\n".join(f"- {lang}" for lang in langs),
         "library_name: transformers",
         "pipeline_tag: translation",
-        f"tags:\n- translation\n- {HUB_TAGS.get(exported, 'marian')}\n- tf",
+        f"tags:\n- translation\n- {exported.hub_tag}\n- tf",
         "---",
     ]
-    how = usage(src, isinstance(tokenizer, MarianTokenizer), tokens.get(tgt, ""))
+    how = usage(src, own_tokenizer(tokenizer), tokens.get(tgt, ""))
     if d.lang_token_side == "target":
         how = target_side_usage(d, tokenizer, src, tgt)
     sections = [
@@ -82,25 +103,15 @@ def model_card(
         f"# {title} translation ({', '.join(short_languages(langs))}): a Transformer trained "
         "with `tf`",
         f"A {layer_norm(model)} Transformer encoder-decoder ({model.num_parameters():,} "
-        f"parameters) {origin(config, imported)}, exported as a `{exported}`: "
+        f"parameters) {origin(config, imported)}, exported as a `{exported.model_class}`: "
         "it loads and runs as any Hugging Face translation model does.",
         "## How to use\n\n" + how + languages_note(tokens, d.lang_token_side),
-        "## CTranslate2\n\n" + ctranslate2_section(model, tokenizer),
+        "## CTranslate2\n\n" + ctranslate2_section(exported),
         "## Data\n\n" + data_section(config),
         "## Model and training\n\n" + shape_section(model, tokenizer, config, step),
         "## Evaluation\n\n" + scores_section(scores),
     ]
     return "\n\n".join(sections) + "\n"
-
-
-# The Hub's tag of each exported class (NLLB-200's and M2M100's class is M2M100's).
-HUB_TAGS = {"MarianMTModel": "marian", M2M100.model_class: "m2m_100", MBART.model_class: "mbart"}
-
-
-def exported_class(model: Transformer) -> str:
-    """The transformers class `tf export --to huggingface` writes for `model`."""
-    family = huggingface_family(model.config)
-    return "MarianMTModel" if family is None else family.model_class
 
 
 def layer_norm(model: Transformer) -> str:
@@ -132,7 +143,14 @@ def origin(config: Config, imported: dict[str, Any] | None) -> str:
     return "trained from scratch with `tf`"
 
 
-def usage(src_lang: str, marian_tokenizer: bool = False, token: str = "") -> str:
+def own_tokenizer(tokenizer: Tokenizer) -> str | None:
+    """The class of an imported tokenizer whose sources are their text and an EOS, shipped as
+    its own files (OPUS-MT's MarianTokenizer); None for tf's own, whose sources carry no EOS,
+    and for a kind whose sources say their language (NLLB's: `target_side_usage`)."""
+    return tokenizer.hf_class if not tokenizer.languages else None
+
+
+def usage(src_lang: str, own_class: str | None = None, token: str = "") -> str:
     example = "Y dijo Dios: Sea la luz." if src_lang == "es" else "..."
     example = f"{token} {example}" if token else example
     return (
@@ -149,9 +167,9 @@ def usage(src_lang: str, marian_tokenizer: bool = False, token: str = "") -> str
         "`num_beams=5` runs the beam search of `transformers`, whose length penalty divides by "
         "`len ** alpha` where `tf`'s divides by GNMT's `((5 + len) / 6) ** alpha`. "
         + (
-            "The tokenizer is the pretrained model's MarianTokenizer, which ends every source "
+            f"The tokenizer is the pretrained model's {own_class}, which ends every source "
             "with an EOS, as the model was trained."
-            if marian_tokenizer
+            if own_class
             else "The tokenizer adds no token to a sentence: the model was trained on sources "
             "without an EOS."
         )
@@ -176,7 +194,7 @@ def target_side_usage(d: DataConfig, tokenizer: Tokenizer, src: str, tgt: str) -
     source), the target's forced as the decoder's first token, per call."""
     src_token, tgt_token = d.source_tokens()[src], d.lang_tokens()[tgt]
     example = "Y dijo Dios: Sea la luz." if src in ("es", "spa_Latn", "es_XX") else "..."
-    fairseq = isinstance(tokenizer, FairseqTokenizer)
+    fairseq = bool(tokenizer.languages)  # its HF tokenizer puts the source's code itself
     load = f'"THIS_DIRECTORY", src_lang="{src}"' if fairseq else '"THIS_DIRECTORY"'
     text = example if fairseq else f"{src_token} {example}"
     listed = ", ".join(f"`{token}`" for token in short_languages(list(d.lang_tokens().values())))
@@ -206,64 +224,14 @@ def target_side_usage(d: DataConfig, tokenizer: Tokenizer, src: str, tgt: str) -
     )
 
 
-def ctranslate2_section(model: Transformer, tokenizer: Tokenizer) -> str:
+def ctranslate2_section(exported: Exported) -> str:
     """What CTranslate2's own converter (`ct2-transformers-converter`) makes of the export."""
-    problem = ctranslate2_problem(model, tokenizer)
-    if problem:
+    if exported.problem:
         return (
-            f"**Do not convert with `ct2-transformers-converter`**: {problem}. "
+            f"**Do not convert with `ct2-transformers-converter`**: {exported.problem}. "
             "`tf export RUN --to ctranslate2` writes the exact CTranslate2 model."
         )
-    if huggingface_family(model.config) is not None:
-        return (
-            "`ct2-transformers-converter --model THIS_DIRECTORY --output_dir ct2` converts it "
-            "exactly, as it converts the published models of its class; give the target "
-            "language's token as the target prefix (`translate_batch(sources, "
-            "target_prefix=[[token]] * len(sources))`), as `tf export RUN --to ctranslate2` "
-            "and `tf translate` do."
-        )
-    return (
-        "`ct2-transformers-converter --model THIS_DIRECTORY --output_dir ct2` converts it "
-        "exactly (`<pad>` is the last id and its embedding zero, as the converter assumes): "
-        "greedy search gives the same tokens. The converter removes `<pad>` from the output "
-        "layer, so its beam search normalises over the other tokens, where `transformers` bans "
-        "`<pad>` after the softmax: beams may rank otherwise."
-    )
-
-
-def ctranslate2_problem(model: Transformer, tokenizer: Tokenizer) -> str | None:
-    """Why CTranslate2's converter would not give this model, or None. Its M2M100 loader
-    starts the decoder where config.json says; its mBART loader from EOS (mBART-50's start);
-    its Marian loader drops the last id (`<pad>` in OPUS-MT's layout, the export's) and
-    starts every decoder from a zero embedding, whatever `decoder_start_token_id` says."""
-    family = huggingface_family(model.config)
-    start = model.config.decoder_start
-    if family is M2M100 or (family is MBART and start == "eos"):
-        return None
-    if family is MBART:
-        piece = tokenizer.tgt_pieces([tokenizer.decoder_start_id(start)])[0]
-        return (
-            "its mBART loader starts every decoder from EOS (mBART-50's start), this model's "
-            f"from {start.upper()}, `{piece}`: the converted model would translate otherwise"
-        )
-    pad = tokenizer.pad_id
-    last = (tokenizer.src_vocab_size - 1, tokenizer.tgt_vocab_size - 1)
-    if isinstance(tokenizer, MarianTokenizer) and (tokenizer.src_pad_id, pad) != last:
-        return "it expects `<pad>` as the last id, which this vocabulary has elsewhere"
-    if start != "pad":
-        piece = tokenizer.tgt_pieces([tokenizer.decoder_start_id(start)])[0]
-        return (
-            "its Marian loader starts every decoder from a zero embedding (OPUS-MT's start "
-            f"from a zero `<pad>`), this model's from its trained {start.upper()}, "
-            f"`{piece}`: the converted model would translate otherwise"
-        )
-    if model.tgt_embed.token.weight[pad].any():
-        return (
-            "its Marian loader starts every decoder from a zero embedding, and this model's "
-            "`<pad>`, where its decoder starts, is not zero: the converted model would "
-            "translate otherwise"
-        )
-    return None
+    return exported.converter
 
 
 def data_section(config: Config) -> str:
@@ -326,12 +294,12 @@ POSITIONS = {  # model.positions in words
 
 def vocabulary_words(tokenizer: Tokenizer, tokenizer_type: str) -> str:
     size = tokenizer.src_vocab_size
-    if isinstance(tokenizer, MarianTokenizer):
-        return f"{size} pieces, Marian's vocabulary over SentencePiece"
-    if isinstance(tokenizer, FairseqTokenizer):
-        codes = len(tokenizer.tags)
-        return f"{size} pieces, {tokenizer.family.title}'s (SentencePiece, {codes} language codes)"
-    return f"{size} SentencePiece {tokenizer_type} pieces, joint"
+    words = tokenizer.vocabulary_words()  # an imported kind's
+    return (
+        f"{size} pieces, {words}"
+        if words
+        else f"{size} SentencePiece {tokenizer_type} pieces, joint"
+    )
 
 
 def scores_section(scores: dict[str, Any] | None) -> str:

@@ -1,7 +1,7 @@
 """What an export publishes of its run: the run's config and tokenizer files, with nothing of
 the machine that trained it.
 
-A run records its paths absolute (`cli.training.run.anchored`: corpora, tokenizer, init), so
+A run records its paths absolute (`cli.runs.run_dir.anchored`: corpora, tokenizer, init), so
 that it resumes from anywhere; SentencePiece records the folder it was trained into. An export
 is made to be shared: every exporter writes its `tf_config.yaml` through `save_published_config`
 and its tokenizer models through `copy_tokenizer_models`, and the model card reads the same

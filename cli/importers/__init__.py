@@ -1,2 +1,3 @@
-"""Importers: a pretrained model of another toolkit read into a `tf` run (Hugging Face Marian,
-NLLB-200, M2M100 and mBART-50), one module per family over what they share."""
+"""Importers: the generic machinery that reads a pretrained model of another toolkit into a `tf`
+run (where it is, its config.json, its weights, its generation settings, the run written);
+each family's own reading is its record's (`cli.families`)."""

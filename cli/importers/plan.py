@@ -4,8 +4,9 @@ checked before any weight is read), and the run written from it (`import_plan`):
 checked against config.json's model and loaded (`cli.importers.weights`), the run written
 beside its place and renamed into it, import.json and the report.
 
-A family (`Family`: Marian's, NLLB-200's and M2M100's, mBART-50's) says only what differs:
-which files to download, and how its config.json, tokenizer and languages make a `Plan`.
+A family (the records of `cli.families`: Marian's, NLLB-200's and M2M100's, mBART-50's) says
+only what differs: which files to download, and how its config.json, tokenizer and languages
+make a `Plan`.
 """
 
 from __future__ import annotations
@@ -32,13 +33,12 @@ from cli.importers.weights import (
     open_weights,
     weights_file_record,
 )
-from cli.training.checkpoint import FORMAT, save_atomic
-from cli.training.run import RunDir
+from cli.runs.checkpoint import checkpoint_dict, save_atomic
+from cli.runs.run_dir import RunDir
 from data.config import direction_of
 from data.errors import InputError
-from data.fairseq import FairseqTokenizer
-from data.marian import TOKENIZER_CONFIG, MarianTokenizer
 from data.tokenizer import Tokenizer
+from data.tokenizer_base import BaseTokenizer
 from model.transformer import Transformer
 
 
@@ -62,7 +62,7 @@ class Plan:
     """
 
     config: Config
-    tokenizer: Tokenizer
+    tokenizer: BaseTokenizer
     names: Callable[[Transformer], dict[str, torch.Tensor]]
     vocab_rows: tuple[int, int]
     computed: tuple[str, ...] = ()
@@ -71,24 +71,6 @@ class Plan:
     generation: Generation | None = None
     notes: list[str] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Family:
-    """A family of Hugging Face translation models `tf import` takes.
-
-    Attributes:
-        title: as messages name it ("Marian (OPUS-MT)").
-        model_types: config.json's `model_type` of its models.
-        files: what a hub download fetches of it besides config.json, the weights and the
-            generation settings (`cli.importers.source.COMMON_FILES`): its tokenizer's files.
-        plan: (directory, config.json as read, the source as given) -> its `Plan`.
-    """
-
-    title: str
-    model_types: tuple[str, ...]
-    files: tuple[str, ...]
-    plan: Callable[[Path, dict[str, Any], str], Plan]
 
 
 def import_plan(plan: Plan, directory: Path, out: Path, origin: str) -> str:
@@ -116,7 +98,7 @@ def import_plan(plan: Plan, directory: Path, out: Path, origin: str) -> str:
 
 def exported_run(
     directory: Path, hf: dict[str, Any]
-) -> tuple[Config, Tokenizer, list[int], dict[str, Any]]:
+) -> tuple[Config, BaseTokenizer, list[int], dict[str, Any]]:
     """The config and tokenizer of the run a `tf export --to huggingface` came from (its
     config beside the weights), how its ids map onto the export's (the export's id i is the
     run's order[i]: `exported_order`), and config.json's token ids in the run's own."""
@@ -128,6 +110,15 @@ def exported_run(
     order = exported_order(directory, tokenizer)
     hf = hf | {key: order[hf[key]] for key in IDS if _is_id(hf.get(key), len(order))}
     return config, tokenizer, order, hf
+
+
+def index_of(order: list[int]) -> torch.Tensor | None:
+    """`Plan.index` of an export's order (`exported_run`: its id i is the run's order[i]):
+    None where the export kept the run's ids, as an imported kind's own files do, whose two
+    vocabularies may differ in size (one index of the source's would overrun the target's)."""
+    if order == list(range(len(order))):
+        return None
+    return torch.argsort(torch.tensor(order))
 
 
 def _is_id(value: Any, size: int) -> bool:
@@ -143,10 +134,10 @@ def checked(config: Config, directory: Path) -> Config:
 
 
 def write_run(
-    model: Transformer, tokenizer: Tokenizer, config: Config, out: Path, origin: dict
+    model: Transformer, tokenizer: BaseTokenizer, config: Config, out: Path, origin: dict
 ) -> None:
     """RUN/config.yaml, RUN/tokenizer/ (the model's files, and what tf reads of transformers'
-    settings: `save_tokenizer_settings`), RUN/checkpoints/last.pt at step 0, RUN/import.json
+    settings: `BaseTokenizer.save_settings`), RUN/checkpoints/last.pt at step 0, RUN/import.json
     (where from); written beside `out`, then renamed into it."""
     staging = out.with_name(f".{out.name}.importing")
     shutil.rmtree(staging, ignore_errors=True)
@@ -155,35 +146,18 @@ def write_run(
         run.tokenizer.mkdir(parents=True)
         for path in tokenizer.model_paths():
             shutil.copyfile(path, run.tokenizer / path.name)
-        save_tokenizer_settings(tokenizer, config, run.tokenizer)
+        tokenizer.save_settings(run.tokenizer, config.data.src_lang, config.data.tgt_lang)
         imported = Tokenizer.load(run.tokenizer)
         save_config(config, run.config)
-        checkpoint = {
-            "format": FORMAT,
-            "model": model.state_dict(),
-            "step": 0,
-            "config": config.to_dict(),
-            "tokenizer_digest": imported.digest(),
-            "imported": origin,
-        }
+        checkpoint = checkpoint_dict(
+            model.state_dict(), config.to_dict(), imported.digest(), step=0, imported=origin
+        )
         save_atomic(checkpoint, run.checkpoints / "last.pt")
         (staging / "import.json").write_text(json.dumps(origin, indent=1) + "\n")
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def save_tokenizer_settings(tokenizer: Tokenizer, config: Config, directory: Path) -> None:
-    """What tf reads of transformers' settings, written beside the tokenizer's files: a Marian
-    tokenizer's tokenizer_config.json (its vocabularies and languages), an NLLB-200, M2M100
-    or mBART-50 tokenizer's tf_tokenizer.json."""
-    if isinstance(tokenizer, MarianTokenizer):
-        settings = {"separate_vocabs": tokenizer.separate}
-        settings |= {"source_lang": config.data.src_lang, "target_lang": config.data.tgt_lang}
-        (directory / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=1) + "\n")
-    elif isinstance(tokenizer, FairseqTokenizer):
-        tokenizer.settings.save(directory)
 
 
 def named_direction(config: Config) -> str:
@@ -197,7 +171,7 @@ def named_direction(config: Config) -> str:
     return direction_of(*ways[0]) if len(ways) == 1 else direction_of(d.src_lang, d.tgt_lang)
 
 
-def report(out: Path, model: Transformer, tokenizer: Tokenizer, config: Config) -> str:
+def report(out: Path, model: Transformer, tokenizer: BaseTokenizer, config: Config) -> str:
     c = model.config
     vocab = f"{tokenizer.src_vocab_size}" + (
         "" if tokenizer.joint else f"/{tokenizer.tgt_vocab_size}"
@@ -207,7 +181,7 @@ def report(out: Path, model: Transformer, tokenizer: Tokenizer, config: Config) 
         f"(d_model {c.d_model}, {c.n_encoder_layers}+{c.n_decoder_layers} layers, "
         f"{c.n_heads} heads, FFN {c.d_ff} {c.activation}), vocabulary {vocab}"
     ]
-    if tokenizer.tags and isinstance(tokenizer, MarianTokenizer):
+    if tokenizer.tags and tokenizer.lang_token is not None:  # its tags are that form's
         lines.append(
             f"target-language tokens ({len(tokenizer.tags)}): {' '.join(tokenizer.tags)}; "
             "start a source with one to choose the output language"

@@ -1,3 +1,3 @@
 """Inference: text in, text out with a model or an engine (PyTorch, int8, CTranslate2), the
-serving batcher, sacrebleu scoring and attention heatmaps.
+search settings, sacrebleu scoring and attention heatmaps.
 """

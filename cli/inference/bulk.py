@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from cli.exporters.ctranslate2 import is_ctranslate2_dir
-from cli.inference.decoding import chunks
+from cli.inference.decoding import chunks, hypothesis_texts
 from cli.inference.engines import Engine
-from cli.training.checkpoint import load_checkpoint, resolve_checkpoint
+from cli.runs.checkpoint import load_checkpoint
+from cli.runs.model_dirs import is_ctranslate2_dir, resolve_checkpoint
 from data.errors import InputError, counted
 from data.files import atomic_output
 
@@ -107,7 +107,7 @@ def translate_into(
     with open(partial, "a", encoding="utf-8") as f:
         stream = engine.stream(sources[done:], source, lambda lines: chunks(lines, every), done + 1)
         for n, (_, hyps) in enumerate(stream, start=1):
-            f.write(engine.tokenizer.decode_tgt([hyps[0].tokens])[0] + "\n")
+            f.write(hypothesis_texts(engine.tokenizer, hyps[:1])[0] + "\n")
             bar.update(1)
             if n % every == 0:  # a group's last line: the search of the next one starts now
                 f.flush()
@@ -148,8 +148,12 @@ def producer(model: str, engine: Engine, device: torch.device) -> dict[str, Any]
             "step": load_checkpoint(checkpoint).get("step"),
             "sha256": file_digest(checkpoint),
         }
-    kind = "pytorch" if engine.model is not None else "ctranslate2"
-    return {**source, "engine": kind, "device": device.type, "decode": asdict(engine.config.decode)}
+    return {
+        **source,
+        "engine": engine.kind,
+        "device": device.type,
+        "decode": asdict(engine.config.decode),
+    }
 
 
 def file_digest(path: Path) -> str:

@@ -6,12 +6,14 @@ Used by `tf translate`, `tf eval`, validation inside training and the benchmarks
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,22 +21,26 @@ import torch
 from torch import Tensor
 
 from cli.config import DecodeConfig
-from cli.device import inference_autocast
+from cli.device import autocast_dtype, inference_autocast
 from cli.inference.requests import Guide
 from cli.inference.shapes import Padded, pad_batch, padded_step, shapes_matter
 from data.batching import Batch, batch_by_tokens, collate
-from data.errors import InputError
+from data.errors import InputError, counted
+from data.segments import fit, join
+from data.sentences import Span, Splitter, sentence_splitter
 from data.tokenizer import Tokenizer, split_tags
-from model.constraints import constrained_beam_search, search_width
 from model.ensemble import Ensemble
 from model.search import (
     Hypothesis,
     LengthPenalty,
     Prefix,
     Sampling,
+    SearchSettings,
     beam_search,
+    constrained_beam_search,
     greedy_search,
     sample_search,
+    search_width,
 )
 from model.transformer import Transformer
 
@@ -91,8 +97,8 @@ def decode_overrides(
 
 
 # no_grad, not inference_mode: under inference_mode autocast casts every weight to half
-# precision at every step (its cache of casts is off there); under no_grad once per batch. On 2
-# cores (`demo`, bf16, groups of 16 sentences) a search went at 106 sentences/s against 78.
+# precision at every step (its cache of casts is off there); under no_grad once per batch
+# (docs/performance.md has the figures).
 @torch.no_grad()
 def search_batch(
     model: Transformer | Ensemble,
@@ -105,13 +111,14 @@ def search_batch(
     pad_id: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate one padded batch of source ids: `decode.nbest` hypotheses per sentence, best
-    first, with `decode`'s search settings; a sentence's guide forces a prefix (any search)
-    or constraints (beam search, `model.constraints`; greedy is its beam of 1). `pad_id`, when
-    given, is never chosen: a model whose decoder starts from it (Marian's, `decoder_start:
-    pad`) sees it as an input and may rate it high as an output, which no target ever was.
-    It is banned after the softmax, as transformers bans OPUS-MT's `bad_words_ids`, so that
-    an imported model searches exactly as `generate` does."""
-    limit = model.config.max_positions - 1
+    first, with `decode`'s search settings (`search_settings`); a sentence's guide forces a
+    prefix (any search) or constraints (beam search, `model.search.constraints`; greedy is
+    its beam of 1). `pad_id`, when given, is never chosen: a model whose decoder starts from
+    it (Marian's, `decoder_start: pad`) sees it as an input and may rate it high as an
+    output, which no target ever was. It is banned after the softmax, as transformers bans
+    OPUS-MT's `bad_words_ids`, so that an imported model searches exactly as `generate`
+    does."""
+    settings = search_settings(decode, bos_id, eos_id, batch.src.device)
     max_lens = length_limits(model, batch, decode)
     # Room for as many target tokens as source tokens, which most rows stay within (the cache
     # doubles for those that do not). Room for the limit (the source + 50), buffers 2.5 times
@@ -122,36 +129,46 @@ def search_batch(
     def reorder(state: Any, index: Tensor, group: int) -> Any:
         return state.reorder(index, group)
 
-    common = dict(
-        batch_size=batch.src.size(0),
-        bos_id=bos_id,
-        eos_id=eos_id,
-        max_lens=max_lens,
-        min_len=decode.min_len,
-        no_repeat_ngram_size=decode.no_repeat_ngram_size,
-        prefix=prefix_tensor(guides, batch.src.device),
-        score_forced_eos=decode.score_forced_eos,
-        renormalize=decode.renormalize,
-    )
-    beam = dict(
-        beam_size=decode.beam_size,
-        length_penalty=length_penalty(decode),
-        nbest=decode.nbest,
-        patience=decode.patience,
-        beam_stop=decode.beam_stop,
-    )
+    prefix = prefix_tensor(guides, batch.src.device)
     if guides and any(g and g.constraints for g in guides):
         constraints = [g.constraints if g else () for g in guides]
         return constrained_beam_search(
-            step, cache, reorder, constraints=constraints, **beam, **common
+            step, cache, reorder, settings, max_lens, constraints, prefix
         )
-    if decode.sampling:
-        return _sample(step, cache, reorder, batch, decode, limit, common)
+    if settings.sampling is not None:  # `decode.beam_size` samples, the nbest best kept
+        noise = sample_noise(batch, decode, model.config.max_positions).to(batch.src.device)
+        return sample_search(step, cache, reorder, settings, max_lens, noise, prefix)
     if is_greedy(decode):
-        return [[h] for h in greedy_search(step, cache, reorder, **common)]
-    # Under autocast the logits are bf16 or fp16, whose ties make `row_topk` slower than top-k.
-    half_logits = torch.is_autocast_enabled(batch.src.device.type)
-    return beam_search(step, cache, reorder, **beam, **common, half_logits=half_logits)
+        return [[h] for h in greedy_search(step, cache, reorder, settings, max_lens, prefix)]
+    return beam_search(step, cache, reorder, settings, max_lens, prefix)
+
+
+def search_settings(
+    decode: DecodeConfig, bos_id: int, eos_id: int, device: torch.device
+) -> SearchSettings:
+    """The search settings `decode` asks for (`model.search.SearchSettings`): the one mapping
+    from decode settings to a search's, for every search of tf's own engine (`tf translate`,
+    `tf eval`, `tf serve`, validation). The logits are half (`half_logits`) where
+    `decode.precision` autocasts on `device`, as `inference_autocast` applies it around every
+    search: known from the settings, before any step."""
+    sampling = None
+    if decode.sampling:
+        sampling = Sampling(decode.sampling_topk, decode.sampling_topp, decode.sampling_temperature)
+    return SearchSettings(
+        bos_id=bos_id,
+        eos_id=eos_id,
+        beam_size=decode.beam_size,
+        nbest=decode.nbest,
+        length_penalty=length_penalty(decode),
+        patience=decode.patience,
+        beam_stop=decode.beam_stop,
+        min_len=decode.min_len,
+        no_repeat_ngram_size=decode.no_repeat_ngram_size,
+        score_forced_eos=decode.score_forced_eos,
+        renormalize=decode.renormalize,
+        half_logits=autocast_dtype(decode.precision, device, "decode.precision") is not None,
+        sampling=sampling,
+    )
 
 
 def length_limits(model: Transformer | Ensemble, batch: Batch, decode: DecodeConfig) -> Tensor:
@@ -172,8 +189,7 @@ def log_prob_step(decode_step: Callable[[Tensor, Any], Tensor], eos_id: int, pad
     `pad_id` (unless it is EOS) at -inf (`search_batch`)."""
 
     def step(tokens: Tensor, state: Any) -> tuple[Tensor, Any]:
-        # In place over the logits, no second (N, V) tensor a step: (600, 8000) float32 took
-        # 1.5 ms instead of 2.1 (19 MB past the caches; Xeon with AMX, 2 cores).
+        # In place over the logits, no second (N, V) tensor a step (docs/performance.md).
         logits = decode_step(tokens, state).float()  # (N, V)
         log_probs = torch.log_softmax(logits, dim=-1, out=logits)
         if pad_id is not None and pad_id != eos_id:
@@ -193,21 +209,6 @@ def encoded(model: Transformer | Ensemble, batch: Batch, start: Start, steps: in
     src, src_pad_mask = pad_batch(batch, model.config.max_positions)  # (B', S'), S' >= S
     state, decode_step = start(model, model.encode(src, src_pad_mask), src_pad_mask, steps)
     return Padded(state, batch.src.size(0), src.size(0), 1), padded_step(decode_step)
-
-
-def _sample(step, cache, reorder, batch: Batch, decode: DecodeConfig, limit: int, common: dict):
-    """`decode.beam_size` samples of each sentence, its nbest best kept (`sample_search`)."""
-    return sample_search(
-        step,
-        cache,
-        reorder,
-        samples=decode.beam_size,
-        sampling=Sampling(decode.sampling_topk, decode.sampling_topp, decode.sampling_temperature),
-        noise=sample_noise(batch, decode, limit + 1).to(batch.src.device),
-        length_penalty=length_penalty(decode),
-        nbest=decode.nbest,
-        **common,
-    )
 
 
 def prefix_tensor(guides: list[Guide | None] | None, device: torch.device) -> Prefix | None:
@@ -247,8 +248,9 @@ def translate_ids(
     start: Start = cached_start,
     guides: list[Guide | None] | None = None,
 ) -> list[list[Hypothesis]]:
-    """Search for every source (already encoded and truncated), results in input order; each
-    may have a guide (`cli.inference.requests`), checked to fit its length limit.
+    """Search for every source (already encoded, within the limit: `encode_sources`),
+    results in input order; each may have a guide (`cli.inference.requests`), checked to fit
+    its length limit.
 
     Sources are batched by `decode.max_tokens` source tokens, and by the rows their search
     keeps: a line with constraints is searched at a wider beam (`search_width`), so it is
@@ -289,7 +291,7 @@ def translate_ids(
 
 def search_widths(decode: DecodeConfig, guides: list[Guide | None] | None, n: int) -> list[int]:
     """The rows each of `n` sources' search keeps: the beam (or samples), wider for a line
-    with constraints (`model.constraints.search_width`)."""
+    with constraints (`model.search.search_width`)."""
     if not guides:
         return [decode.beam_size] * n
     return [
@@ -307,21 +309,160 @@ def source_ids(tokenizer: Tokenizer, lines: list[str]) -> list[list[int]]:
 
 
 def encode_sources(
-    tokenizer: Tokenizer, lines: list[str], max_len: int, source: str, first_line: int
-) -> list[list[int]]:
-    """Encode raw lines; a line longer than the model's limit is cut, with one warning."""
+    tokenizer: Tokenizer,
+    lines: list[str],
+    max_len: int,
+    source: str,
+    first_line: int,
+    language: str | list[str] = "",
+) -> Rows:
+    """Encode raw lines as the rows to search: one a line, and none of a line cut off.
+
+    A line longer than the model's limit (`max_len` pieces) is fitted (`data.segments.fit`:
+    at its sentences, by the splitter of its `language`, one for all lines or one each, and a
+    sentence still too long at its best break) and its parts become rows of their own, each
+    with the tags the line starts with (a target-language token, say); `Rows.joined` puts
+    their translations back together. Lines that fit are encoded as they always were.
+    """
     ids = source_ids(tokenizer, lines)
-    for n, seq in enumerate(ids):
-        if len(seq) > max_len:
-            log.warning(
-                "%s:%d: %d pieces, truncated to the model's limit of %d",
-                source,
-                first_line + n,
-                len(seq),
-                max_len,
+    over = [n for n, row in enumerate(ids) if len(row) > max_len]
+    if not over:
+        return Rows(ids, [range(n, n + 1) for n in range(len(ids))])
+    languages = [language] * len(lines) if isinstance(language, str) else language
+    rows: list[list[int]] = []
+    spans: list[range] = []
+    cuts: dict[int, tuple[str, list[Span]]] = {}
+    for n, row in enumerate(ids):
+        parts = [row]
+        if len(row) > max_len:
+            text, spans_of, parts = fit_line(tokenizer, lines[n], len(row), max_len, languages[n])
+            cuts[n] = (text, spans_of)
+            parts = [cut_to_limit(tokenizer, p, max_len, source, first_line + n) for p in parts]
+        spans.append(range(len(rows), len(rows) + len(parts)))
+        rows += parts
+    log.info(
+        "%s: %s over the model's limit of %d pieces, translated in parts (at sentence ends "
+        "where they have them) and joined",
+        source,
+        counted(len(over), "line"),
+        max_len,
+    )
+    return Rows(rows, spans, cuts)
+
+
+def fit_line(
+    tokenizer: Tokenizer, line: str, pieces: int, max_len: int, language: str
+) -> tuple[str, list[Span], list[list[int]]]:
+    """A line of `pieces` pieces, over `max_len`, as parts that fit: (its text after the tags
+    it starts with, the parts' spans in that text, the parts' ids, each with the tags)."""
+    _, text = split_tags(line, tuple(tokenizer.tags))
+    tags = line[: len(line) - len(text)].lstrip()  # as written, before the text
+
+    def count(part: str) -> int:
+        return len(tokenizer.encode_src([tags + part])[0])
+
+    parts = fit(text, count, max_len, splitter_for(language), pieces=pieces)
+    return text, parts, source_ids(tokenizer, [tags + text[a:b].strip() for a, b in parts])
+
+
+def cut_to_limit(tokenizer: Tokenizer, ids: list[int], max_len: int, source: str, line: int):
+    """A part's ids within the model's limit: as they are, or (a limit below the tokenizer's
+    frame and one character, which no text fits) cut, with a warning."""
+    if len(ids) <= max_len:
+        return ids
+    log.warning(
+        "%s:%d: a character of %d pieces, cut to the model's limit of %d",
+        source,
+        line,
+        len(ids),
+        max_len,
+    )
+    return tokenizer.truncate_src(ids, max_len)
+
+
+@functools.cache
+def splitter_for(language: str) -> Splitter:
+    """The sentence splitter of a run's language code (`data.sentences`), one per language."""
+    return sentence_splitter(language)
+
+
+@dataclass
+class Joined(Hypothesis):
+    """A line translated in parts (`encode_sources`) as one hypothesis: the parts' tokens one
+    after the other, their scores and log-probabilities summed, and its text joined from
+    theirs (`data.segments.join`), which is what is written (`hypothesis_texts`)."""
+
+    text: str = ""
+    parts: int = 1
+
+
+class Rows(list):
+    """The source ids a group of lines is searched as (`encode_sources`): a list of rows, one
+    a line, or one a part of a line over the model's limit.
+
+    Attributes:
+        lines: each line's rows, as a range of indices.
+        cuts: each line translated in parts: its text (tags aside) and the parts' spans in it.
+    """
+
+    def __init__(
+        self,
+        rows: list[list[int]],
+        lines: list[range],
+        cuts: dict[int, tuple[str, list[Span]]] | None = None,
+    ) -> None:
+        super().__init__(rows)
+        self.lines = lines
+        self.cuts = cuts or {}
+
+    def owners(self) -> list[int]:
+        """The line each row belongs to."""
+        return [n for n, rows in enumerate(self.lines) for _ in rows]
+
+    def firsts(self) -> list[bool]:
+        """Whether each row is its line's first (a request's prefix goes there)."""
+        return [r == rows.start for rows in self.lines for r in rows]
+
+    def line_ids(self) -> list[list[int]]:
+        """Each line's source ids as searched: its rows one after the other."""
+        return [[i for r in rows for i in self[r]] for rows in self.lines]
+
+    def joined(self, found: list[list[Hypothesis]], tokenizer: Tokenizer) -> list[list[Hypothesis]]:
+        """Each line's hypotheses from its rows' (`found`, one list a row): a line in parts
+        gets its k-th hypothesis joined from each part's k-th, as many as the part with
+        fewest has (so --nbest k gives k, the best joined from the bests)."""
+        out = []
+        for n, rows in enumerate(self.lines):
+            if n not in self.cuts:
+                out.append(found[rows.start])
+                continue
+            text, parts = self.cuts[n]
+            each = [found[r] for r in rows]
+            ranks = min(map(len, each))
+            out.append(
+                [join_parts(tokenizer, text, parts, [h[k] for h in each]) for k in range(ranks)]
             )
-            ids[n] = tokenizer.truncate_src(seq, max_len)
-    return ids
+        return out
+
+
+def join_parts(
+    tokenizer: Tokenizer, text: str, parts: list[Span], hyps: list[Hypothesis]
+) -> Joined:
+    """One hypothesis of a line translated in parts, from one of each part's."""
+    translations = tokenizer.decode_tgt([h.tokens for h in hyps])
+    return Joined(
+        tokens=[t for h in hyps for t in h.tokens],
+        score=sum(h.score for h in hyps),
+        log_prob=sum(h.log_prob for h in hyps),
+        text=join(text, parts, translations),
+        parts=len(parts),
+    )
+
+
+def hypothesis_texts(tokenizer: Tokenizer, hyps: list[Hypothesis]) -> list[str]:
+    """The text of each hypothesis: its tokens detokenised, or a joined one's own text."""
+    texts = tokenizer.decode_tgt([h.tokens for h in hyps])
+    return [h.text if isinstance(h, Joined) else t for h, t in zip(hyps, texts)]
 
 
 def chunks(lines: Iterable[str], size: int | None = None) -> Iterator[list[str]]:
@@ -385,7 +526,7 @@ def format_hypotheses(
     tokenizer: Tokenizer, hyps: list[Hypothesis], scores: bool, nbest: int
 ) -> list[str]:
     """Output lines for one input: the best translation, or `nbest` lines (`i ||| text ||| s`)."""
-    texts = tokenizer.decode_tgt([h.tokens for h in hyps])
+    texts = hypothesis_texts(tokenizer, hyps)
     if nbest == 1:
         return [f"{texts[0]}\t{hyps[0].score:.4f}" if scores else texts[0]]
     return [

@@ -16,14 +16,15 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from cli.config import TF_CONFIG, Config, DecodeConfig, load_config, with_overrides
 from cli.device import autocast_dtype, bound_decoding_kernels, engine_precision
-from cli.exporters.ctranslate2 import is_ctranslate2_dir
 from cli.inference.decoding import (
     Grouping,
+    Rows,
     chunks,
     encode_sources,
     is_greedy,
@@ -39,7 +40,9 @@ from cli.inference.languages import (
     with_languages,
 )
 from cli.inference.requests import Guide, Request, encode_guide
-from cli.training.checkpoint import CheckpointError, load_for_inference
+from cli.runs.checkpoint import CheckpointError
+from cli.runs.model_dirs import is_ctranslate2_dir
+from cli.runs.models import load_for_inference
 from data.config import DataConfig, direction_of
 from data.errors import InputError
 from data.tokenizer import Tokenizer
@@ -71,6 +74,9 @@ class Engine:
     # The engine's own rules of decode settings (CTranslate2's: `check_ct2_decode`), checked
     # at load and on a `tf serve` request's settings alike (`check_decode`); None: tf's own.
     rules: Callable[[DecodeConfig], None] | None = None
+    # What searches: tf's own search over `model` ("pytorch"), or CTranslate2's.
+    kind: Literal["pytorch", "ctranslate2"] = "pytorch"
+    int8: bool = False  # the PyTorch model's linear layers in int8 (`model.int8`)
     # {language: its token} of the languages the model writes where a token says which: a
     # multilingual model's; every model's whose decoder writes it first (lang_token_side
     # target). {} for a one-way model of source-side tokens. From the config and the
@@ -86,6 +92,38 @@ class Engine:
         self.languages = self.config.data.lang_tokens()
         self.sources = self.config.data.source_tokens()
         self.default_to = default_target(self.config.data)
+
+    @property
+    def label(self) -> str:
+        """What the engine is called (`tf serve`'s /health): its kind, "pytorch-int8" in int8."""
+        return f"{self.kind}-int8" if self.int8 else self.kind
+
+    @property
+    def ensemble(self) -> bool:
+        """Whether several models decode as one (`model.ensemble`)."""
+        return isinstance(self.model, Ensemble)
+
+    @property
+    def constraints(self) -> bool:
+        """Whether its search keeps lexical constraints (tf's own; CTranslate2 has none)."""
+        return self.kind == "pytorch"
+
+    @property
+    def attention_heatmaps(self) -> bool:
+        """Whether it can draw a translation's cross-attention (`--attention`): one PyTorch
+        model with its float weights (not int8, not an ensemble)."""
+        return self.kind == "pytorch" and not self.ensemble and not self.int8
+
+    @property
+    def own_threads(self) -> bool:
+        """Whether it shares the cores out itself (CTranslate2's thread pool), so that `tf
+        serve` runs one search worker (`cli.device.search_workers`)."""
+        return self.kind == "ctranslate2"
+
+    @property
+    def parameters(self) -> int:
+        """The model's parameters; 0 where the engine does not say (CTranslate2)."""
+        return self.model.num_parameters() if self.kind == "pytorch" else 0
 
     @property
     def multilingual(self) -> bool:
@@ -262,30 +300,74 @@ class Engine:
         """(source ids as translated, hypotheses) for each input line (its text, or a Request
         with a prefix and constraints), in order, group by group (`chunks`, or
         `as_they_arrive` for interactive input), with the config's settings; the ids are
-        encoded and truncated once, here (`--attention` reuses them). Messages call the lines
+        encoded once, here (`--attention` reuses them), and a line over the model's limit is
+        translated in parts and joined (`encode`), never cut. Messages call the lines
         `source:N`, the first N `first`. A line that asked for what no translation can hold is
         an InputError naming it (`check_found`)."""
-        max_src = self.config.model.max_positions
         for chunk in group(lines):
-            texts = [self.source_text(r, f"{source}:{first + n}") for n, r in enumerate(chunk)]
-            src_ids = encode_sources(self.tokenizer, texts, max_src, source, first)
-            guides = self.guides(chunk, src_ids, source, first)
-            found = self.search(src_ids, self.config.decode, guides)
-            for n, (ids, hyps) in enumerate(zip(src_ids, found)):
-                guide = guides[n] if guides else None
-                check_found(hyps, ids, guide, self.config, f"{source}:{first + n}")
-            yield from zip(src_ids, found)
+            where = [f"{source}:{first + n}" for n in range(len(chunk))]
+            texts = [self.source_text(r, w) for r, w in zip(chunk, where)]
+            rows = self.encode(texts, [self.reading(r) for r in chunk], source, first)
+            guides = self.guides(chunk, rows, where, self.config.decode)
+            found = self.search(rows, self.config.decode, guides)
+            self.check_rows(rows, found, guides, where, self.config.decode)
+            yield from zip(rows.line_ids(), rows.joined(found, self.tokenizer))
             first += len(chunk)
 
-    def guides(self, chunk: list, src_ids: list[list[int]], source: str, first: int) -> Guides:
-        """The chunk's guides (`guide`), each line's checked; None when no line has one."""
+    def encode(self, texts: list[str], languages: list[str], source: str, first: int) -> Rows:
+        """The rows to search for lines as the model reads them (`source_text`): one a line,
+        or, a line over the model's limit, one a part (`encode_sources`, which fits it by the
+        sentence splitter of its language, `reading`); `Rows.joined` makes the lines' results."""
+        max_src = self.config.model.max_positions
+        return encode_sources(self.tokenizer, texts, max_src, source, first, languages)
+
+    def reading(self, line: str | Request, frm: str = "", to: str = "") -> str:
+        """The language a line's text is in, for its sentence splitter: its own "from", `frm`
+        (a request body's), --from, the one the model reads into its target, else the run's
+        source language (`data.src_lang`)."""
+        request = line if isinstance(line, Request) else Request(line)
+        named = request.frm or frm or self.frm
+        return named or self.default_source(request.to or to) or self.config.data.src_lang
+
+    def check_rows(
+        self, rows: Rows, found: list, guides: Guides, where: list[str], decode: DecodeConfig
+    ) -> None:
+        """Every row's search found a translation (`check_found`), a part named by its line."""
+        settings = replace(self.config, decode=decode)
+        for row, (n, ids, hyps) in enumerate(zip(rows.owners(), rows, found)):
+            check_found(hyps, ids, guides[row] if guides else None, settings, where[n])
+
+    def guides(
+        self, chunk: list, rows: Rows, where: list[str], decode: DecodeConfig, to: str = ""
+    ) -> Guides:
+        """The guides of the rows of `chunk`'s lines (`guide`), each line's checked; None when
+        no line has one. A line translated in parts has its prefix on its first part, and no
+        constraints (which part would have to hold them?: refused, naming the line)."""
         asks = any(isinstance(r, Request) and (r.prefix or r.constraints) for r in chunk)
         if not asks and not self.target_side:
             return None
-        return [
-            self.guide(r, ids, f"{source}:{first + n}", self.config.decode)
-            for n, (r, ids) in enumerate(zip(chunk, src_ids))
-        ]
+        out = []
+        for n, ids, first in zip(rows.owners(), rows, rows.firsts()):
+            request = chunk[n] if isinstance(chunk[n], Request) else Request(chunk[n])
+            if n in rows.cuts:
+                self.check_in_parts(request, where[n])
+                request = request if first else replace(request, prefix="")
+            out.append(self.guide(request, ids, where[n], decode, to))
+        return out
+
+    def check_in_parts(self, request: Request, where: str) -> None:
+        """A line over the model's limit, translated in parts, asks nothing a part cannot do.
+
+        Raises:
+            InputError: constraints, naming the line: no one part is the translation that
+                must hold them, and each part holding them would repeat them.
+        """
+        if request.constraints:
+            raise InputError(
+                f"{where}: constraints on a line over the model's limit of "
+                f"{self.config.model.max_positions} pieces, which is translated in parts: "
+                "split it into sentences, each with its own constraints"
+            )
 
     def guide(
         self, line: str | Request, ids: list[int], where: str, decode: DecodeConfig, to: str = ""
@@ -300,8 +382,7 @@ class Engine:
             raise InputError(f"{where}: constraints need beam search; sampling cannot keep them")
         forced = self.target_side and bool(ids)  # the language token takes one place
         limit = length_limit(len(ids), replace(self.config, decode=decode)) - forced
-        ours = self.model is not None  # CTranslate2 has no constraints
-        guide = encode_guide(self.tokenizer, request, len(ids), limit, where, ours)
+        guide = encode_guide(self.tokenizer, request, len(ids), limit, where, self.constraints)
         if not forced:
             return guide
         token = self.languages[self.target(request.to or to, where)]
@@ -381,7 +462,7 @@ def load_engine(
     def search(src_ids: list[list[int]], decode: DecodeConfig, guides: Guides = None):
         return translate_ids(model, tokenizer, src_ids, decode, device, guides=guides)
 
-    engine = Engine(tokenizer, config, search, model)
+    engine = Engine(tokenizer, config, search, model, int8=int8)
     engine.choose(to, frm=frm)
     return engine
 
@@ -493,7 +574,7 @@ def ctranslate2_engine(directory: Path, device: torch.device, overrides: list[st
         settings = replace(config, decode=decode)
         return translate_ids_ct2(translator, tokenizer, src_ids, settings, guides)
 
-    return Engine(tokenizer, config, search, rules=check_ct2_decode)
+    return Engine(tokenizer, config, search, rules=check_ct2_decode, kind="ctranslate2")
 
 
 def check_ct2_decode(decode: DecodeConfig) -> None:

@@ -74,15 +74,21 @@ def request_of(item: object, where: str) -> Request:
 
 
 def _text(text: str, where: str) -> str:
-    """One line of text: its white space collapsed; a lone surrogate (JSON's "\\ud800") refused,
-    for no tokenizer takes it, and a NUL (JSON's "\\u0000"), as every reader of text does."""
+    """One line of text (`check_text`): its white space collapsed."""
+    return " ".join(check_text(text, where).split())
+
+
+def check_text(text: str, where: str) -> str:
+    """`text` as it is, or ValueError naming `where`: a lone surrogate (JSON's "\\ud800") is
+    refused, for no tokenizer takes it (nor UTF-8 writes it back), and a NUL (JSON's
+    "\\u0000"), as every reader of text does. A line's, or a whole document's (`tf serve`)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         raise ValueError(f"{where}: a lone surrogate at character {e.start}") from None
     if "\0" in text:
         raise ValueError(nul_problem(where))
-    return " ".join(text.split())
+    return text
 
 
 def read_requests(lines: Iterable[str], source: str) -> Iterator[Request]:

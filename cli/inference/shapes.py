@@ -4,7 +4,7 @@ oneDNN, which runs PyTorch's half-precision matmuls on a CPU and our packed line
 (`model.packed`), builds and keeps a kernel (with its scratch memory) for every shape it meets,
 up to 1,024 of them. A search's row count changes whenever a sentence finishes, and a batch's
 size and source width with every batch, so a long `tf translate` in bf16 met hundreds of
-shapes and its RSS grew by a quarter to a third over 10,000 lines. There each count is rounded
+shapes, and its memory grew with them (docs/performance.md). There each count is rounded
 up to one of a few sizes (`bucket`): a batch's sources gain columns of padding (masked) and
 copies of its last sentence, the search's rows copies of its last sentence's rows. The search
 never sees them: their tokens are the last sentence's, their outputs are dropped, and a
@@ -23,9 +23,16 @@ import torch
 from torch import Tensor
 
 from data.batching import Batch, padded_width
-from model.packed import bucket, is_packed
+from model.packed import is_packed
 
 WIDTH_MULTIPLE = 8  # source columns, rounded up to a multiple of this
+
+
+def bucket(n: int) -> int:
+    """n rounded up to one of eight sizes per doubling: exact below 16, then multiples of 2,
+    4, 8...: at most 1/8 more rows, about 1/24 more on average."""
+    step = 1 << max(0, n.bit_length() - 4)
+    return -(-n // step) * step
 
 
 def shapes_matter(model, device: torch.device) -> bool:

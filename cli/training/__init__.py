@@ -1,3 +1,4 @@
-"""Training: the trainer loop, the run directory, checkpoints, the optimiser and its schedules,
-the weight average, the training data and its batches, and torch.distributed.
+"""Training: the update loop and the state its parts save (weights, LoRA, EMA, shards),
+validation, stop rules, starting and resuming a run, `train.init`'s settings, the optimiser,
+the training data, and torch.distributed.
 """

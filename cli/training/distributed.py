@@ -58,7 +58,7 @@ def refusals() -> tuple[type[Exception], ...]:
     """The errors that are a refusal of what the user gave (a setting, a file, a run), said in
     one line without a traceback (`cli.main.user_errors`)."""
     from cli.config import ConfigError
-    from cli.training.checkpoint import CheckpointError
+    from cli.runs.checkpoint import CheckpointError
     from cli.training.run import TrainingError
 
     return InputError, ConfigError, CheckpointError, TrainingError

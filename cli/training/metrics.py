@@ -1,6 +1,7 @@
 """What a run reports as it trains: RUN/metrics.jsonl, one JSON object per log line (training
 loss, lr, tokens/s) and per validation, and, with `train.tensorboard`, the same scalars as
-TensorBoard event files in RUN/tensorboard (`tensorboard --logdir runs` shows every run).
+TensorBoard event files in RUN/tensorboard (`tensorboard --logdir runs` shows every run); on a
+terminal, a progress bar, else the same records as log lines (`TrainingLog`).
 
 A resumed run continues both from its checkpoint's step: the records a killed run wrote after
 it are dropped from metrics.jsonl, and TensorBoard purges its events after it (`purge_step`),
@@ -14,6 +15,7 @@ import json
 import logging
 import math
 import shutil
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -79,3 +81,100 @@ def record_step(line: str) -> float:
         return json.loads(line)["step"]
     except (ValueError, KeyError):
         return math.inf
+
+
+class TrainingLog:
+    """What the updates report: a progress bar on the main rank's terminal (without one, a log
+    line at each record), and records of the updates since the last one (their mean loss, lr,
+    tokens/s) in metrics.jsonl (`metrics`: the main rank's `MetricsLog`, None elsewhere)."""
+
+    def __init__(
+        self, metrics: MetricsLog | None, main: bool, total: int | None, step: int
+    ) -> None:
+        self.metrics, self.main = metrics, main
+        self.bar = progress_bar(total, step) if main else None
+        self.window = empty_window()
+
+    @property
+    def pending(self) -> int:
+        """Updates added since the last record."""
+        return self.window["updates"]
+
+    def add(self, result: dict[str, Any], took: float, lr: float) -> None:
+        """Count an update (`result`: its mean loss and NLL, its tokens) that took `took` s."""
+        window = self.window
+        for k in ("loss", "nll", "tokens"):
+            window[k] += result[k] * (result["tokens"] if k != "tokens" else 1)
+        window["updates"] += 1
+        window["time"] += took
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(
+                loss=f"{result['loss']:.3f}",
+                lr=f"{lr:.2e}",
+                tok_s=f"{result['tokens'] / took:.0f}",
+                refresh=False,
+            )
+
+    def record(self, step: int, epochs: float, lr: float, elapsed: float) -> dict[str, Any]:
+        """Write the averages of the updates since the last record, reset the window."""
+        window, tokens = self.window, self.window["tokens"]
+        record = {
+            "step": step,
+            "epoch": round(epochs, 3),
+            "loss": window["loss"] / tokens,
+            "nll": window["nll"] / tokens,
+            "ppl": math.exp(min(window["nll"] / tokens, 50)),
+            "lr": lr,
+            "tokens_per_s": tokens / window["time"],
+            "wall": round(elapsed, 1),
+        }
+        if self.metrics is not None:
+            self.metrics.write(record, scalars=[k for k in record if k not in ("step", "wall")])
+        self.window = empty_window()
+        return record
+
+    def say(self, record: dict[str, Any]) -> None:
+        """A record as a log line, where no progress bar shows it (no terminal)."""
+        if self.main and (self.bar is None or self.bar.disable):
+            log.info(
+                "step %d: loss %.3f  nll %.3f  lr %.2e  %.0f tokens/s",
+                record["step"],
+                record["loss"],
+                record["nll"],
+                record["lr"],
+                record["tokens_per_s"],
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def empty_window() -> dict[str, float]:
+    return {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "updates": 0, "time": 0.0}
+
+
+def progress_bar(total: int | None, step: int):
+    """A bar of the updates from `step`, on stderr where it is a terminal (else off)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        initial=step,
+        unit="step",
+        desc="train",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        disable=None,
+    )  # None: off when stderr is no terminal
+
+
+def report_validation(
+    metrics: MetricsLog | None, record: dict[str, Any], scores: dict[str, float]
+) -> None:
+    """A validation's `scores` in metrics.jsonl (`record`: with its step, epoch, best and
+    wall time) and as a log line."""
+    if metrics is not None:
+        metrics.write(record, scalars=scores)
+    log.info("step %d: %s", record["step"], "  ".join(f"{k} {v:.2f}" for k, v in scores.items()))

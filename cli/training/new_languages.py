@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from cli.config import Config, ConfigError
-from cli.training.checkpoint import CheckpointError, build_model, load_weights
+from cli.runs.checkpoint import check_trained_with
+from cli.runs.models import build_model, load_weights
 from data.added_tokens import check_addable
 from data.config import DataConfig, NewLanguage, corpus_name, lang_token
 from data.errors import InputError
@@ -160,10 +161,7 @@ def grown_init(
         CheckpointError: the checkpoint was trained with another tokenizer than the init's.
     """
     init_tokenizer = Tokenizer.load(config.data.tokenizer)
-    if ckpt.get("tokenizer_digest") not in (None, *init_tokenizer.digests()):
-        raise CheckpointError(
-            f"{path}: was trained with another tokenizer than {init_tokenizer.directory}"
-        )
+    check_trained_with(ckpt, path, init_tokenizer, init_tokenizer.directory)
     weights = ckpt["model"]
     if "base" in ckpt:  # a LoRA run's: base and adapters merged, in a model of its own shape
         model = build_model(config, init_tokenizer)

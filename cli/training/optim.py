@@ -72,8 +72,8 @@ def build_optimizer(
     params, train: TrainConfig, d_model: int, device: torch.device, used: BudgetUsed | None = None
 ) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
     """Adam(0.9, 0.98, eps 1e-9) and a LambdaLR whose k-th `step()` sets the lr of update k+1."""
-    # One fused kernel per parameter instead of six element-wise passes: on this project's CPU
-    # it cut Adam's step for `small` from 47 to 11 ms. CPU and CUDA have it; elsewhere None.
+    # One fused kernel per parameter instead of six element-wise passes (what it saves:
+    # docs/performance.md). CPU and CUDA have it; elsewhere None.
     fused = True if device.type in ("cpu", "cuda") else None
     optimizer = torch.optim.Adam(
         params,

@@ -1,94 +1,35 @@
-"""The run directory: its layout, its tokenizer, its metrics file, the RNG state a checkpoint
-carries, and the policy for starting, forcing and resuming a run.
+"""Starting, forcing, restarting and resuming a training run in its directory
+(`cli.runs.run_dir.RunDir`), and the RNG state a checkpoint carries.
 
-    RUN/config.yaml          the resolved config
-    RUN/tokenizer/           the SentencePiece model(s), and settings.json: what they were
-                             trained with (`data.pipeline` chooses them)
-    RUN/metrics.jsonl        one JSON object per log line / validation
-    RUN/checkpoints/last.pt, best.pt, step_N.pt   (see `cli.training.checkpoint`)
-    RUN/base.pt              a LoRA run's frozen weights (see `cli.training.lora`)
-
-Every path a run's config names is recorded absolute (`anchored`), so that it resumes from any
-working directory.
+A new run records its config (every path in it absolute: `anchored`); a resumed one continues
+with its saved config, changes refused where the checkpoint depends on them.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from cli.config import Config, config_diff, load_config, read_yaml, save_config, with_paths
+from cli.config import Config, config_diff, load_config, read_yaml, save_config
+from cli.runs.run_dir import BASE, RunDir, anchored
+from cli.training import lora
+from data.errors import counted
 from data.files import check_output
+from data.tokenizer_base import BaseTokenizer
 
 log = logging.getLogger(__name__)
-
-
-BASE = "base.pt"  # a LoRA run's frozen weights, beside checkpoints/
 
 
 class TrainingError(Exception):
     """Training cannot go on (non-finite losses, a refused resume); one line for the user."""
 
 
-@dataclass
-class RunDir:
-    path: Path
-
-    @property
-    def config(self) -> Path:
-        return self.path / "config.yaml"
-
-    @property
-    def tokenizer(self) -> Path:
-        return self.path / "tokenizer"
-
-    @property
-    def metrics(self) -> Path:
-        return self.path / "metrics.jsonl"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
-
-    @property
-    def base(self) -> Path:
-        return self.path / BASE
-
-    @property
-    def data_report(self) -> Path:
-        return self.path / "data.json"  # per training corpus: read, removed by rule, kept
-
-    def step_checkpoints(self) -> list[Path]:
-        """`step_N.pt` files, oldest first."""
-        found = [
-            (int(m.group(1)), p)
-            for p in self.checkpoints.glob("step_*.pt")
-            if (m := re.fullmatch(r"step_(\d+)\.pt", p.name))
-        ]
-        return [p for _, p in sorted(found)]
-
-
 # ------------------------------------------------------------------------- a new or resumed run
-
-
-def anchored(config: Config, like: Config | None = None) -> Config:
-    """`config` with every setting that names files or folders (the schema marks them:
-    `with_paths`) absolute, read from the working directory (corpus specs by
-    `data.corpus.anchored_spec`, which leaves hub names and `bundled:` corpora as they are): a
-    run records them so, and resumes from anywhere. `like`: a run's saved config, whose value
-    of a setting is kept where it names the same place, as it is written (a run recorded
-    before paths were anchored keeps its relative ones, which its checkpoint's corpus records
-    and its tokenizer's settings name)."""
-    from data.corpus import anchored_spec  # (`datasets`, which `tf translate` need not load)
-
-    return with_paths(config, anchored_spec, like)
 
 
 def start_run(config: Config, out: Path, force: bool, restart: bool = False) -> RunDir:
@@ -216,6 +157,79 @@ def settings_it_predates(config_file: Path) -> list[str]:
         for key, value in keys.items()
         if key not in (raw.get(section) or {})
     ]
+
+
+def check_resumable(
+    ckpt: dict[str, Any],
+    path: Path,
+    run: RunDir,
+    config: Config,
+    world_size: int,
+    tokenizer: BaseTokenizer,
+    corpora: dict[str, str],
+) -> None:
+    """Checkpoint `ckpt` (at `path`, the last of `run`) can continue with `config` in
+    `world_size` processes: a training run's (not an import's), its batches the same
+    (`check_world_size`), trained with `tokenizer` on the same pairs (`corpora`: their digests
+    now), and its LoRA settings kept (`lora.check_resume`).
+
+    Raises:
+        TrainingError, CheckpointError: naming the checkpoint and what differs.
+    """
+    if "optimizer" not in ckpt:  # `tf import`'s step 0: weights, nothing to continue
+        raise TrainingError(
+            f"{path}: an imported model, not a training run to resume; fine-tune it with "
+            f"tf train configs/finetune.yaml --init {run.path} --out NEW_RUN"
+        )
+    check_world_size(ckpt, path, world_size, config.train.update_freq)
+    if ckpt.get("tokenizer_digest") not in tokenizer.digests():
+        raise TrainingError(f"{path}: was trained with another tokenizer than {run.tokenizer}")
+    check_same_corpora(ckpt.get("corpora"), corpora, path)
+    lora.check_resume(ckpt, config, path)
+
+
+def check_world_size(ckpt: dict[str, Any], path: Path, now: int, update_freq: int) -> None:
+    """A run resumes in another number of processes (`now`, each taking `update_freq`
+    batches an update) where its updates take the same batches: N ranks x update_freq F
+    continue as M ranks x (N x F / M). The weights and the optimiser's state are whole in every
+    checkpoint (sharded or not); the batches are one plan, cut for N x F batches an update
+    (`BatchIterator.load_state_dict`)."""
+    saved = ckpt.get("world_size", 1)
+    if saved == now:
+        return
+    per_update = saved * ckpt["config"]["train"]["update_freq"]
+    written = (
+        f"{path}: written by {counted(saved, 'process', 'processes')} taking "
+        f"{counted(per_update, 'batch', 'batches')} an update"
+    )
+    if per_update % now:
+        raise TrainingError(
+            f"{written}; resume in a number of processes that divides {per_update} (now {now})"
+        )
+    if now * update_freq != per_update:
+        raise TrainingError(
+            f"{written}; in {counted(now, 'process', 'processes')} resume with --set "
+            f"train.update_freq={per_update // now} --allow-config-change to take the "
+            "same batches"
+        )
+    log.info("resuming the run of %s in %d", counted(saved, "process", "processes"), now)
+
+
+def check_same_corpora(recorded: dict[str, str] | None, found: dict[str, str], path: Path) -> None:
+    """A resumed run's corpora hold the pairs its checkpoint's batches were cut from (a
+    checkpoint from before corpora were recorded: not checked).
+
+    Raises:
+        TrainingError: naming the first corpus whose pairs changed.
+    """
+    for name, digest in (recorded or {}).items():
+        if found.get(name) != digest:
+            raise TrainingError(
+                f"{name}: its pairs, as cleaned and encoded, are not those {path} was trained "
+                "on (the file, or a dev or test set cleaning holds it against, changed since the "
+                "run started); a resumed run continues its batches of the same pairs: restore "
+                "them, or start a new run from this one's weights (--init)"
+            )
 
 
 # ------------------------------------------------------------------------ RNG state
